@@ -1,0 +1,5 @@
+import sys
+
+from fastnli.cli import main
+
+sys.exit(main())

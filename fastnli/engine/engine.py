@@ -1,0 +1,322 @@
+"""``NLIEngine``: NLI probabilities for (premise, hypothesis) pairs on ONNX Runtime, GPU first, CPU fallback.
+
+Data flow of :meth:`NLIEngine.predict`: validate → dedup directed pairs (kernels) → result cache → tokenize the
+unique pairs once → pack by length under a padded-token budget (kernels) → ORT → softmax → canonical label order →
+scatter back to input order. Probabilities are always ``(contradiction, neutral, entailment)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from fastnli.engine.labels import CANONICAL_LABELS
+from fastnli.engine.manifest import PRECISIONS, Manifest, checkpoint_hash, read_manifest
+from fastnli.engine.runner import CPU_POLICY, CUDA_POLICY, BatchPolicy, RunStats, score_unique
+from fastnli.engine.session import Device, SessionConfig, create_session, cuda_listed, is_device_error
+from fastnli.engine.tokenize import PairTokenizer
+from fastnli.kernels import ResultCache, dedup_pairs, scatter_rows
+
+logger = logging.getLogger("fastnli")
+
+DeviceArg = Literal["auto", "cuda", "cpu"]
+PrecisionArg = Literal["auto", "fp32", "fp16", "int8"]
+
+#: CPU ``precision="auto"`` picks INT8 only when the manifest's INT8 graph agreed with PyTorch fp32 on at least this
+#: share of the probe set's argmax labels; otherwise fp32.
+INT8_MIN_AGREEMENT = 0.98
+
+
+@dataclass
+class CallStats:
+    """Counters of one :meth:`NLIEngine.predict` call.
+
+    ``dedup_ratio`` is ``pairs_in / unique_pairs`` (1.0 = no duplicates); ``padding_efficiency`` is
+    ``real_tokens / padded_tokens`` over the batches actually run (1.0 when nothing ran).
+    """
+
+    pairs_in: int = 0
+    unique_pairs: int = 0
+    cache_hits: int = 0
+    computed_pairs: int = 0
+    batches: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    seconds: float = 0.0
+
+    @property
+    def dedup_ratio(self) -> float:
+        return self.pairs_in / self.unique_pairs if self.unique_pairs else 1.0
+
+    @property
+    def padding_efficiency(self) -> float:
+        return self.real_tokens / self.padded_tokens if self.padded_tokens else 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["dedup_ratio"] = self.dedup_ratio
+        d["padding_efficiency"] = self.padding_efficiency
+        return d
+
+
+def cache_root() -> Path:
+    """Where exported artifacts of HF checkpoints are cached: ``$FASTNLI_CACHE`` or ``~/.cache/fastnli``."""
+    return Path(os.environ.get("FASTNLI_CACHE") or Path.home() / ".cache" / "fastnli").expanduser()
+
+
+def resolve_artifact(name_or_dir: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """Return an export artifact directory for ``name_or_dir``, exporting a HF checkpoint once if needed.
+
+    Accepts an artifact directory (holds ``manifest.json``), a local HF checkpoint directory, or a HF hub id. A
+    checkpoint is exported into ``<cache>/artifacts/<hash of its config+weights+tokenizer>`` and reused afterwards.
+    """
+    path = Path(name_or_dir).expanduser()
+    if path.is_dir() and (path / "manifest.json").is_file():
+        return path
+    from fastnli.engine.export import export, resolve_checkpoint
+
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} holds neither manifest.json (a fastnli artifact) nor config.json (a HF "
+                                "checkpoint)")
+    ckpt, _ = resolve_checkpoint(name_or_dir)
+    target = Path(cache_dir or cache_root()) / "artifacts" / checkpoint_hash(ckpt)[:24]
+    try:
+        read_manifest(target)
+        logger.info("using cached export %s of %s", target, name_or_dir)
+    except (FileNotFoundError, ValueError):
+        logger.info("exporting %s once into the cache %s", name_or_dir, target)
+        export(ckpt, target)
+    return target
+
+
+def _validate_pairs(pairs: Any) -> tuple[list[str], list[str], bool]:
+    """Check ``pairs`` and split it; returns ``(premises, hypotheses, was_single_pair)``."""
+    if isinstance(pairs, tuple) and len(pairs) == 2 and all(isinstance(x, str) for x in pairs):
+        return [pairs[0]], [pairs[1]], True
+    if pairs is None or isinstance(pairs, (str, bytes)) or not isinstance(pairs, Sequence):
+        raise TypeError(f"pairs must be a list of (premise, hypothesis) string pairs; got {type(pairs).__name__}")
+    premises, hypotheses = [], []
+    for i, pair in enumerate(pairs):
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence):
+            raise TypeError(f"pairs[{i}] must be a (premise, hypothesis) pair of two strings; got "
+                            f"{type(pair).__name__}")
+        if len(pair) != 2:
+            raise ValueError(f"pairs[{i}] must be a (premise, hypothesis) pair of two strings; got a "
+                             f"{type(pair).__name__} of length {len(pair)}")
+        for j, field in enumerate(("premise", "hypothesis")):
+            if not isinstance(pair[j], str):
+                raise TypeError(f"pairs[{i}][{j}] ({field}) must be str; got {type(pair[j]).__name__}")
+        premises.append(pair[0])
+        hypotheses.append(pair[1])
+    return premises, hypotheses, False
+
+
+class NLIEngine:
+    """An NLI cross-encoder on ONNX Runtime. Create it with :meth:`from_pretrained`.
+
+    Attributes:
+        device: the device actually used, ``"cuda"`` or ``"cpu"`` (after any fallback).
+        precision: the graph actually used, ``"fp32"``, ``"fp16"`` or ``"int8"``.
+        providers: ORT's execution providers of the live session.
+        manifest: the artifact's manifest (source, versions, validation figures).
+        last_stats: counters of the latest :meth:`predict` call.
+    """
+
+    def __init__(self, artifact_dir: str | Path, device: DeviceArg = "auto", precision: PrecisionArg = "auto",
+                 batch_policy: BatchPolicy | None = None, session_config: SessionConfig | None = None,
+                 result_cache: ResultCache | None = None) -> None:
+        if device not in ("auto", "cuda", "cpu"):
+            raise ValueError(f"device={device!r} is not supported; use 'auto', 'cuda' or 'cpu'")
+        if precision not in ("auto", *PRECISIONS):
+            raise ValueError(f"precision={precision!r} is not supported; use 'auto', 'fp32', 'fp16' or 'int8'")
+        self.artifact_dir = Path(artifact_dir)
+        self.manifest: Manifest = read_manifest(self.artifact_dir)
+        self._requested = (device, precision)
+        self._policy_override = batch_policy
+        self._session_config = session_config or SessionConfig()
+        self.result_cache = result_cache
+        self._tokenizer = PairTokenizer(self.artifact_dir / "tokenizer.json", self.manifest.max_length)
+        self._lock = threading.Lock()
+        self.fallbacks = 0
+        self.last_stats = CallStats()
+        self._open(device, precision)
+
+    # -- construction -------------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_dir: str | Path | None = None,
+        device: DeviceArg = "auto",
+        precision: PrecisionArg = "auto",
+        batch_policy: BatchPolicy | None = None,
+        session_config: SessionConfig | None = None,
+        result_cache: ResultCache | None = None,
+        cache_dir: str | Path | None = None,
+    ) -> NLIEngine:
+        """Load an engine.
+
+        Args:
+            name_or_dir: an export artifact directory, a local HF checkpoint directory or a HF hub id (a checkpoint
+                is exported once into the cache, see :func:`cache_root`).
+            device: ``"auto"`` (CUDA when its provider loads, else CPU — default), ``"cuda"`` or ``"cpu"``. When
+                CUDA cannot load or a GPU run fails, the engine logs one warning and continues on CPU.
+            precision: ``"auto"`` (default: FP16 on CUDA; on CPU INT8 when the manifest's INT8 argmax agreement is
+                at least :data:`INT8_MIN_AGREEMENT`, else fp32), or ``"fp32"``, ``"fp16"``, ``"int8"``.
+            batch_policy: token budget and row cap per batch (default :data:`CPU_POLICY` or :data:`CUDA_POLICY`).
+            session_config: ORT threads and optimisation level.
+            result_cache: an optional :class:`fastnli.kernels.ResultCache` shared across calls (or engines).
+            cache_dir: overrides ``$FASTNLI_CACHE`` for exports of HF checkpoints.
+        """
+        if name_or_dir is None:
+            from fastnli.default_model import default_model_dir
+
+            name_or_dir = default_model_dir()
+        artifact = resolve_artifact(name_or_dir, cache_dir)
+        return cls(artifact, device=device, precision=precision, batch_policy=batch_policy,
+                   session_config=session_config, result_cache=result_cache)
+
+    def _cpu_auto_precision(self) -> str:
+        entry = self.manifest.precisions.get("int8")
+        if entry and entry.validation and entry.validation.argmax_agreement >= INT8_MIN_AGREEMENT:
+            return "int8"
+        return "fp32"
+
+    def _graph(self, precision: str) -> Path:
+        if precision not in self.manifest.precisions:
+            raise ValueError(f"precision={precision!r} is not in the artifact {self.artifact_dir} (it has "
+                             f"{sorted(self.manifest.precisions)}); re-export with that precision")
+        return self.artifact_dir / self.manifest.precisions[precision].file
+
+    def _open(self, device: str, precision: str) -> None:
+        want_cuda = device == "cuda" or (device == "auto" and cuda_listed())
+        if want_cuda:
+            prec = precision if precision != "auto" else ("fp16" if "fp16" in self.manifest.precisions else "fp32")
+            session, used = create_session(self._graph(prec), "cuda", self._session_config)
+            if used == "cuda":
+                self._set_session(session, "cuda", prec)
+                return
+            cpu_prec = precision if precision != "auto" else self._cpu_auto_precision()
+            logger.warning("device=%r: the CUDA execution provider could not be loaded (onnxruntime-gpu needs the "
+                           "CUDA and cuDNN libraries of its build, and a GPU); falling back to CPU with precision "
+                           "%s", device, cpu_prec)
+            self.fallbacks += 1
+            if cpu_prec == prec:
+                self._set_session(session, "cpu", prec)
+                return
+            precision = cpu_prec
+        prec = precision if precision != "auto" else self._cpu_auto_precision()
+        session, _ = create_session(self._graph(prec), "cpu", self._session_config)
+        self._set_session(session, "cpu", prec)
+
+    def _set_session(self, session: Any, device: Device, precision: str) -> None:
+        self._session = session
+        self.device: Device = device
+        self.precision: str = precision
+        self.providers: list[str] = list(session.get_providers())
+        self._input_names = [i.name for i in session.get_inputs()]
+        self.batch_policy = self._policy_override or (CUDA_POLICY if device == "cuda" else CPU_POLICY)
+
+    def _fallback_to_cpu(self, exc: BaseException) -> None:
+        requested = self._requested[1]
+        prec = requested if requested != "auto" else self._cpu_auto_precision()
+        logger.warning("a run on CUDA failed (%s: %s); switching this engine to CPU with precision %s",
+                       type(exc).__name__, str(exc).splitlines()[0][:200], prec)
+        self.fallbacks += 1
+        session, _ = create_session(self._graph(prec), "cpu", self._session_config)
+        self._set_session(session, "cpu", prec)
+
+    def _run(self, feed: dict[str, np.ndarray]) -> np.ndarray:
+        try:
+            return self._session.run(None, feed)[0]
+        except Exception as exc:
+            if self.device == "cuda" and is_device_error(exc):
+                with self._lock:
+                    if self.device == "cuda":
+                        self._fallback_to_cpu(exc)
+                return self._session.run(None, feed)[0]
+            raise
+
+    # -- inference ----------------------------------------------------------------------------------------------
+    @property
+    def labels(self) -> tuple[str, str, str]:
+        """Column names of :meth:`predict`'s output: ``("contradiction", "neutral", "entailment")``."""
+        return CANONICAL_LABELS
+
+    def predict(self, pairs: Sequence[tuple[str, str]] | tuple[str, str]) -> np.ndarray:
+        """NLI probabilities of (premise, hypothesis) pairs.
+
+        Args:
+            pairs: a list of ``(premise, hypothesis)`` string pairs, or one pair. Empty strings are legal text;
+                texts longer than the model maximum are truncated ``longest_first`` to 512 tokens.
+
+        Returns:
+            float32 array ``(N, 3)`` (``(3,)`` for a single pair) of probabilities in the order
+            ``(contradiction, neutral, entailment)``, rows in input order. An empty list gives ``(0, 3)``.
+
+        Raises:
+            TypeError / ValueError: naming the offending index, for anything that is not a pair of strings.
+        """
+        probs, _ = self.predict_with_stats(pairs)
+        return probs
+
+    def predict_with_stats(
+        self, pairs: Sequence[tuple[str, str]] | tuple[str, str], progress: Callable[[int, int], None] | None = None
+    ) -> tuple[np.ndarray, CallStats]:
+        """Like :meth:`predict`, also returning this call's :class:`CallStats`.
+
+        ``progress``, if given, is called after each batch with ``(pairs in that batch, pairs to score in all)``
+        (for progress bars; cache hits are not counted).
+        """
+        t0 = time.perf_counter()
+        premises, hypotheses, single = _validate_pairs(pairs)
+        stats = CallStats(pairs_in=len(premises))
+        first, inverse = dedup_pairs(premises, hypotheses)
+        up = [premises[i] for i in first]
+        uh = [hypotheses[i] for i in first]
+        stats.unique_pairs = len(up)
+        unique = np.empty((len(up), 3), dtype=np.float32)
+        todo = list(range(len(up)))
+        cache = self.result_cache
+        keys: list[tuple[str, str, str]] = []
+        if cache is not None and up:
+            keys = [(self.manifest.artifact_hash, p, h) for p, h in zip(up, uh)]
+            todo = []
+            for u, hit in enumerate(cache.get_many(keys)):
+                if hit is None:
+                    todo.append(u)
+                else:
+                    unique[u] = hit
+            stats.cache_hits = len(up) - len(todo)
+        if todo:
+            run_stats = RunStats()
+            computed = score_unique(self._run, self._tokenizer, [up[u] for u in todo], [uh[u] for u in todo],
+                                    self._input_names, self.manifest.columns, self.manifest.pad_token_id,
+                                    self.batch_policy, run_stats, progress)
+            unique[todo] = computed
+            if cache is not None:
+                cache.put_many([keys[u] for u in todo], computed)
+            stats.computed_pairs = len(todo)
+            stats.batches, stats.real_tokens, stats.padded_tokens = (
+                run_stats.batches, run_stats.real_tokens, run_stats.padded_tokens)
+        out = scatter_rows(unique, inverse)
+        stats.seconds = time.perf_counter() - t0
+        self.last_stats = stats
+        return (out[0] if single else out), stats
+
+    def with_policy(self, **changes: Any) -> NLIEngine:
+        """Set batch-policy fields (``max_batch_tokens``, ``max_batch_size``, ``pad_multiple``) and return self."""
+        self._policy_override = replace(self.batch_policy, **changes)
+        self.batch_policy = self._policy_override
+        return self
+
+    def __repr__(self) -> str:
+        return (f"NLIEngine(source={self.manifest.source!r}, device={self.device!r}, precision={self.precision!r}, "
+                f"providers={self.providers})")

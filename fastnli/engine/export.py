@@ -1,0 +1,240 @@
+"""Export a HF NLI checkpoint to an ONNX artifact: fp32 (optimum-onnx) → FP16 (GPU) → INT8 (CPU) + manifest.
+
+The artifact directory holds ``model_fp32.onnx``, ``model_fp16.onnx``, ``model_int8.onnx`` (those asked for), the
+tokenizer files and ``manifest.json`` with validation figures of every graph against PyTorch fp32 on the built-in
+probe set. It is written into a temporary sibling directory and renamed into place at the end, so an interrupted
+export never leaves a directory that loads. Needs the export extra: ``pip install 'fastnli[export]'``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastnli.engine.labels import canonical_columns
+from fastnli.engine.manifest import (
+    MANIFEST_NAME,
+    PRECISIONS,
+    Manifest,
+    PrecisionEntry,
+    Validation,
+    checkpoint_hash,
+    sha256_file,
+)
+from fastnli.engine.precision import to_fp16, to_int8
+from fastnli.engine.probe import probe_pairs
+from fastnli.engine.runner import CPU_POLICY, score_unique
+from fastnli.engine.tokenize import PairTokenizer
+
+logger = logging.getLogger("fastnli")
+
+GRAPH_FILES = {p: f"model_{p}.onnx" for p in PRECISIONS}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                    "merges.txt", "spm.model", "added_tokens.json")
+_EXPORT_EXTRA = "pip install 'fastnli[export]'  (optimum-onnx, transformers<4.58, torch)"
+
+
+def _require_export_deps() -> None:
+    missing = []
+    for mod in ("torch", "transformers", "optimum.exporters.onnx", "onnx"):
+        try:
+            __import__(mod)
+        except ImportError:
+            missing.append(mod)
+    if missing:
+        raise ImportError(f"exporting a checkpoint needs {', '.join(missing)}; install them with: {_EXPORT_EXTRA}")
+
+
+def resolve_checkpoint(model: str | Path) -> tuple[Path, str]:
+    """Return ``(local_dir, source_name)`` for a local checkpoint directory or a HF hub id (downloaded once)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} has no config.json: not a HF checkpoint directory")
+        return path.resolve(), str(path.resolve())
+    if path.exists():
+        raise ValueError(f"model={str(model)!r} is a file; pass a checkpoint directory or a HF hub id")
+    from huggingface_hub import snapshot_download
+
+    local = snapshot_download(repo_id=str(model), allow_patterns=[
+        "*.json", "*.safetensors", "*.txt", "*.model", "pytorch_model*.bin"])
+    return Path(local), str(model)
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for dist in ("fastnli", "transformers", "optimum", "optimum-onnx", "onnx", "torch", "tokenizers"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    for dist in ("onnxruntime-gpu", "onnxruntime"):
+        try:
+            out["onnxruntime"] = f"{metadata.version(dist)} ({dist})"
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _torch_probs(ckpt: Path, pairs: Sequence[tuple[str, str]], columns: list[int], max_length: int) -> np.ndarray:
+    """PyTorch fp32 reference probabilities (canonical order) on ``pairs``."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    model = AutoModelForSequenceClassification.from_pretrained(ckpt, dtype=torch.float32).eval()
+    out = []
+    with torch.inference_mode():
+        for i in range(0, len(pairs), 16):
+            chunk = pairs[i:i + 16]
+            enc = tok([p for p, _ in chunk], [h for _, h in chunk], padding=True, truncation="longest_first",
+                      max_length=max_length, return_tensors="pt")
+            out.append(torch.softmax(model(**enc).logits.float(), dim=-1).numpy()[:, columns])
+    return np.concatenate(out)
+
+
+def onnx_probs(graph: Path, tokenizer: PairTokenizer, pairs: Sequence[tuple[str, str]], columns: list[int],
+               pad_id: int) -> tuple[np.ndarray, float]:
+    """Probabilities of one ONNX graph on CPU through the engine's own path, and the seconds it took."""
+    from fastnli.engine.session import SessionConfig, create_session
+
+    sess, _ = create_session(graph, "cpu", SessionConfig())
+    names = [i.name for i in sess.get_inputs()]
+    t0 = time.perf_counter()
+    probs = score_unique(lambda feed: sess.run(None, feed)[0], tokenizer, [p for p, _ in pairs],
+                         [h for _, h in pairs], names, columns, pad_id, CPU_POLICY)
+    return probs, time.perf_counter() - t0
+
+
+def _validation(ref: np.ndarray, got: np.ndarray, seconds: float) -> Validation:
+    d = np.abs(ref.astype(np.float64) - got.astype(np.float64))
+    return Validation(n_pairs=len(ref), max_abs_dprob=float(d.max()), mean_abs_dprob=float(d.mean()),
+                      argmax_agreement=float(np.mean(ref.argmax(1) == got.argmax(1))), seconds=round(seconds, 4))
+
+
+def _place(tmp: Path, out: Path) -> None:
+    """Atomically move the finished artifact ``tmp`` to ``out`` (replacing an older artifact there)."""
+    if out.exists():
+        if any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
+            raise FileExistsError(f"{out} exists and is not a fastnli artifact; choose an empty or new directory")
+        old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+
+
+def export(
+    model: str | Path,
+    out_dir: str | Path,
+    precisions: Sequence[str] = PRECISIONS,
+    opset: int | None = None,
+    validate: bool = True,
+) -> Manifest:
+    """Export ``model`` (HF hub id or local checkpoint directory) to an ONNX artifact in ``out_dir``.
+
+    Args:
+        model: a HF hub id (e.g. ``"microsoft/deberta-large-mnli"``) or a local checkpoint directory.
+        out_dir: artifact directory; written atomically (an existing artifact there is replaced).
+        precisions: any of ``"fp32"``, ``"fp16"``, ``"int8"`` (default all three; fp32 is always exported, as the
+            other two are derived from it).
+        opset: ONNX opset (default: optimum's choice for the architecture).
+        validate: score the probe set with PyTorch fp32 and every graph and record the agreement (default True).
+
+    Returns:
+        The written manifest.
+    """
+    _require_export_deps()
+    bad = [p for p in precisions if p not in PRECISIONS]
+    if bad:
+        raise ValueError(f"precisions={list(precisions)!r}: {bad} unknown; choose from {list(PRECISIONS)}")
+    wanted = ["fp32"] + [p for p in PRECISIONS if p in precisions and p != "fp32"]
+    ckpt, source = resolve_checkpoint(model)
+    config = json.loads((ckpt / "config.json").read_text())
+    columns = canonical_columns(config.get("id2label") or {})  # refuse a non-NLI head before any work
+
+    from optimum.exporters.onnx import main_export
+    from transformers import AutoTokenizer
+
+    out = Path(out_dir).expanduser().resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.partial-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    try:
+        t0 = time.perf_counter()
+        src_hash = checkpoint_hash(ckpt)
+        export_dir = tmp / "_optimum"
+        main_export(str(ckpt), output=export_dir, task="text-classification", opset=opset, device="cpu",
+                    do_validation=False, no_post_process=True)
+        os.replace(export_dir / "model.onnx", tmp / GRAPH_FILES["fp32"])
+        shutil.rmtree(export_dir)
+        hf_tok = AutoTokenizer.from_pretrained(ckpt)
+        hf_tok.save_pretrained(tmp)
+        if not (tmp / "tokenizer.json").is_file():
+            raise ValueError(f"{source}: its tokenizer has no fast (tokenizer.json) form; fastnli needs one")
+        max_length = int(min(getattr(hf_tok, "model_max_length", 512) or 512,
+                             config.get("max_position_embeddings", 512) or 512))
+
+        import onnx
+
+        fp32_model = onnx.load(str(tmp / GRAPH_FILES["fp32"]), load_external_data=False)
+        graph_opset = max(o.version for o in fp32_model.opset_import if o.domain in ("", "ai.onnx"))
+        inputs = [i.name for i in fp32_model.graph.input]
+        del fp32_model
+        recipes: dict[str, dict[str, Any]] = {"fp32": {"exporter": "optimum-onnx main_export",
+                                                       "task": "text-classification"}}
+        if "fp16" in wanted:
+            recipes["fp16"] = to_fp16(tmp / GRAPH_FILES["fp32"], tmp / GRAPH_FILES["fp16"])
+        if "int8" in wanted:
+            recipes["int8"] = to_int8(tmp / GRAPH_FILES["fp32"], tmp / GRAPH_FILES["int8"])
+
+        pad_id = int(hf_tok.pad_token_id if hf_tok.pad_token_id is not None else 0)
+        entries: dict[str, PrecisionEntry] = {}
+        validations: dict[str, Validation] = {}
+        if validate:
+            pairs = probe_pairs()
+            ref = _torch_probs(ckpt, pairs, columns, max_length)
+            ptok = PairTokenizer(tmp / "tokenizer.json", max_length)
+            for p in wanted:
+                got, secs = onnx_probs(tmp / GRAPH_FILES[p], ptok, pairs, columns, pad_id)
+                validations[p] = _validation(ref, got, secs)
+                logger.info("%s vs PyTorch fp32: max |dprob| %.2e, argmax agreement %.4f", p,
+                            validations[p].max_abs_dprob, validations[p].argmax_agreement)
+        for p in wanted:
+            f = tmp / GRAPH_FILES[p]
+            entries[p] = PrecisionEntry(file=f.name, bytes=f.stat().st_size, sha256=sha256_file(f),
+                                        validation=validations.get(p), recipe=recipes[p])
+        tok_files = sorted(n for n in _TOKENIZER_FILES if (tmp / n).is_file())
+        import hashlib
+
+        art = hashlib.sha256(src_hash.encode())
+        for p in wanted:
+            art.update(entries[p].sha256.encode())
+        art.update(sha256_file(tmp / "tokenizer.json").encode())
+        manifest = Manifest(
+            source=source, source_hash=src_hash, model_type=str(config.get("model_type", "")),
+            id2label={str(k): str(v) for k, v in config["id2label"].items()}, columns=columns,
+            max_length=max_length, inputs=inputs, pad_token_id=pad_id, tokenizer_files=tok_files,
+            opset=graph_opset, versions=_versions(), precisions=entries, artifact_hash=art.hexdigest(),
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+        (tmp / MANIFEST_NAME).write_text(manifest.to_json())
+        _place(tmp, out)
+        logger.info("exported %s to %s in %.1f s", source, out, time.perf_counter() - t0)
+        return manifest
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

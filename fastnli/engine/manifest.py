@@ -1,0 +1,132 @@
+"""The export artifact's ``manifest.json``: what was exported, from what, with which tools, and how well it agrees.
+
+An artifact directory is loadable only when it holds a ``manifest.json`` whose ``complete`` field is true and
+whose graph files exist. The export writes the manifest last, inside a temporary directory that is renamed into
+place, so an interrupted export never leaves a loadable directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_VERSION = 1
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
+
+#: Files of a HF checkpoint that determine its outputs (hashed into ``source_hash``).
+_HASHED_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json", "vocab.json",
+                 "merges.txt", "spm.model", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@dataclass
+class Validation:
+    """Agreement of one precision with PyTorch fp32 on the probe set (probabilities in [0, 1])."""
+
+    n_pairs: int
+    max_abs_dprob: float
+    mean_abs_dprob: float
+    argmax_agreement: float  # share of probe pairs with the same argmax label, in [0, 1]
+    seconds: float  # time to score the probe set on CPU with this graph
+
+
+@dataclass
+class PrecisionEntry:
+    """One exported graph."""
+
+    file: str
+    bytes: int
+    sha256: str
+    validation: Validation | None = None
+    recipe: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Manifest:
+    """Everything needed to load, trust and reproduce an export artifact."""
+
+    source: str
+    source_hash: str
+    model_type: str
+    id2label: dict[str, str]
+    columns: list[int]  # logit column of contradiction, neutral, entailment
+    max_length: int
+    inputs: list[str]  # graph input names, e.g. ["input_ids", "attention_mask"]
+    pad_token_id: int
+    tokenizer_files: list[str]
+    opset: int
+    versions: dict[str, str]
+    precisions: dict[str, PrecisionEntry]
+    artifact_hash: str = ""
+    format_version: int = FORMAT_VERSION
+    created: str = ""
+    complete: bool = True
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        data = dict(data)
+        precisions = {}
+        for name, entry in data.pop("precisions").items():
+            entry = dict(entry)
+            val = entry.pop("validation", None)
+            precisions[name] = PrecisionEntry(validation=Validation(**val) if val else None, **entry)
+        return cls(precisions=precisions, **data)
+
+
+def read_manifest(artifact_dir: str | Path) -> Manifest:
+    """Read and check an artifact's manifest.
+
+    Raises:
+        FileNotFoundError: when the directory has no ``manifest.json`` (not an export artifact, or an interrupted
+            export).
+        ValueError: when the manifest is incomplete, of an unknown format version, or names a missing graph file.
+    """
+    path = Path(artifact_dir) / MANIFEST_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: {artifact_dir} is not a fastnli export artifact (create one "
+                                "with `fastnli export MODEL --out DIR`)")
+    data = json.loads(path.read_text())
+    if data.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path}: format_version {data.get('format_version')!r} is not supported (this fastnli "
+                         f"reads version {FORMAT_VERSION}); re-export the model with this fastnli version")
+    manifest = Manifest.from_dict(data)
+    if not manifest.complete:
+        raise ValueError(f"{path}: the export did not complete; re-run `fastnli export`")
+    for name, entry in manifest.precisions.items():
+        if not (Path(artifact_dir) / entry.file).is_file():
+            raise ValueError(f"{path}: precision {name!r} names {entry.file!r}, which is missing; re-run the export")
+    return manifest
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checkpoint_hash(checkpoint_dir: str | Path) -> str:
+    """SHA-256 over a HF checkpoint's config, weights and tokenizer files (names and contents, sorted by name)."""
+    root = Path(checkpoint_dir)
+    h = hashlib.sha256()
+    found = False
+    for name in sorted(_HASHED_FILES):
+        p = root / name
+        if p.is_file():
+            found = True
+            h.update(name.encode())
+            h.update(sha256_file(p).encode())
+    for p in sorted(root.glob("model-*.safetensors")) + sorted(root.glob("pytorch_model-*.bin")):
+        found = True
+        h.update(p.name.encode())
+        h.update(sha256_file(p).encode())
+    if not found:
+        raise FileNotFoundError(f"{root} holds no config, weights or tokenizer files: not a HF checkpoint directory")
+    return h.hexdigest()

@@ -1,0 +1,117 @@
+"""Turn the exported fp32 ONNX graph into the FP16 graph (GPU) and the INT8 graph (CPU).
+
+FP16 (``to_fp16``):
+    - Float constants and initializers beyond the half-precision range are clamped to ±65504 first. DeBERTa's
+      attention masks use ``torch.finfo(float32).min`` (-3.4e38), which would become -inf in half precision and turn
+      a fully masked softmax row into NaN.
+    - Graph inputs and outputs stay fp32/int64 (``keep_io_types``), so callers feed and read the same arrays for
+      every precision.
+    - Ops that are unsafe in half precision stay in fp32 (:data:`FP16_OP_BLOCK_LIST`): the unfused LayerNorm of
+      DeBERTa (``ReduceMean``/``Pow``/``Sqrt``: a variance overflows 65504 once activations pass 256), ``Softmax``
+      and ``Erf`` (GELU), and the position-bucket arithmetic (``Log``/``Exp``/``Sign``/``Abs``/``Ceil``/``Floor``).
+
+INT8 (``to_int8``):
+    Dynamic quantization (weights int8 per output channel, activations quantized per batch at run time) of the
+    ``MatMul``/``Gemm`` weights, the bulk of DeBERTa's compute; VNNI/AMX kernels run them on x86 CPUs. The
+    embedding tables stay fp32: they are gathers, not GEMMs, and quantizing them costs accuracy for no speed.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger("fastnli")
+
+FP16_MAX = 65504.0
+FP16_OP_BLOCK_LIST: tuple[str, ...] = (
+    "ReduceMean", "Pow", "Sqrt", "Softmax", "Erf", "Log", "Exp", "Sign", "Abs", "Ceil", "Floor",
+)
+
+#: The INT8 recipe used by default (recorded in the manifest).
+INT8_RECIPE: dict[str, Any] = {
+    "method": "dynamic",
+    "weight_type": "QInt8",
+    "per_channel": True,
+    "reduce_range": False,
+    "op_types": ["MatMul", "Gemm"],
+    "extra_options": {"MatMulConstBOnly": True},
+}
+
+
+def clamp_fp16_range(model: Any) -> int:
+    """Clamp float initializers and constants of ``model`` (an ``onnx.ModelProto``) to ±65504, in place.
+
+    Returns:
+        The number of tensors that held out-of-range values.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    def fix(tensor: Any) -> bool:
+        if tensor.data_type != onnx.TensorProto.FLOAT:
+            return False
+        arr = numpy_helper.to_array(tensor)
+        if arr.size == 0 or np.all(np.abs(arr[np.isfinite(arr)]) <= FP16_MAX):
+            return False
+        clamped = np.clip(arr, -FP16_MAX, FP16_MAX).astype(np.float32)
+        tensor.CopyFrom(numpy_helper.from_array(clamped, tensor.name))
+        return True
+
+    count = 0
+
+    def walk(graph: Any) -> None:
+        nonlocal count
+        for init in graph.initializer:
+            count += fix(init)
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR:
+                    count += fix(attr.t)
+                elif attr.type == onnx.AttributeProto.GRAPH:
+                    walk(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for g in attr.graphs:
+                        walk(g)
+
+    walk(model.graph)
+    return count
+
+
+def to_fp16(src: str | Path, dst: str | Path) -> dict[str, Any]:
+    """Write the FP16 graph of the fp32 graph ``src`` to ``dst``; returns the recipe recorded in the manifest."""
+    import onnx
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+
+    model = onnx.load(str(src))
+    clamped = clamp_fp16_range(model)
+    # Blocked by node name, top-level graph only: ORT's converter places the fp32 casts of a blocked node inside an
+    # If-subgraph in the main graph, which yields an invalid model (seen on DeBERTa-v2's position buckets). Nodes in
+    # subgraphs (a handful of shape/bucket scalars) therefore run in fp16.
+    nodes = [n.name for n in model.graph.node if n.op_type in FP16_OP_BLOCK_LIST]
+    model16 = convert_float_to_float16(model, keep_io_types=True, op_block_list=list(DEFAULT_OP_BLOCK_LIST),
+                                       node_block_list=nodes)
+    onnx.save(model16, str(dst))
+    logger.info("fp16 graph written to %s (%d out-of-range constants clamped)", dst, clamped)
+    return {"keep_io_types": True, "op_block_list": list(FP16_OP_BLOCK_LIST), "fp32_nodes": len(nodes),
+            "clamped_constants": clamped}
+
+
+def to_int8(src: str | Path, dst: str | Path, recipe: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write the dynamically quantized INT8 graph of ``src`` to ``dst``; returns the recipe used."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    r = dict(INT8_RECIPE if recipe is None else recipe)
+    quantize_dynamic(
+        str(src), str(dst),
+        op_types_to_quantize=list(r["op_types"]),
+        per_channel=bool(r["per_channel"]),
+        reduce_range=bool(r["reduce_range"]),
+        weight_type=getattr(QuantType, str(r["weight_type"])),
+        extra_options=dict(r.get("extra_options", {})),
+    )
+    logger.info("int8 graph written to %s", dst)
+    return r

@@ -1,0 +1,96 @@
+"""Score unique pairs through one ONNX graph: tokenize once → pack by length → fill padded arrays → run → softmax.
+
+This is the engine's inner loop. The kernels own the array work (planning batches under the padded-token budget and
+filling ``input_ids``/``attention_mask`` in compiled code); this module owns the ORT calls and the label order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastnli.engine.tokenize import PairTokenizer
+from fastnli.kernels import fill_batch, plan_batches
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How unique pairs are packed into batches.
+
+    Attributes:
+        max_batch_tokens: cap on ``rows × padded length`` of one batch, in tokens. A pair longer than the budget
+            gets a batch of its own.
+        max_batch_size: cap on rows per batch.
+        pad_multiple: the padded length is rounded up to a multiple of this (8 suits GPU tensor cores).
+    """
+
+    max_batch_tokens: int = 4096
+    max_batch_size: int = 64
+    pad_multiple: int = 1
+
+
+CPU_POLICY = BatchPolicy(max_batch_tokens=4096, max_batch_size=64, pad_multiple=1)
+CUDA_POLICY = BatchPolicy(max_batch_tokens=32768, max_batch_size=512, pad_multiple=8)
+
+
+@dataclass
+class RunStats:
+    """What one scoring pass did (counts; tokens include special tokens)."""
+
+    unique_pairs: int = 0
+    batches: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax in float32, max-shifted for stability."""
+    z = logits.astype(np.float32, copy=False)
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def score_unique(
+    run: Callable[[dict[str, np.ndarray]], np.ndarray],
+    tokenizer: PairTokenizer,
+    premises: Sequence[str],
+    hypotheses: Sequence[str],
+    input_names: Sequence[str],
+    columns: Sequence[int],
+    pad_id: int,
+    policy: BatchPolicy,
+    stats: RunStats | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> np.ndarray:
+    """Probabilities ``(U, 3)`` float32 in canonical order (contradiction, neutral, entailment) for U pairs.
+
+    ``run`` maps a feed dict to logits ``(rows, num_labels)``; ``columns`` picks the canonical label columns;
+    ``progress`` is called with ``(pairs in the finished batch, pairs to score in all)``.
+    """
+    n = len(premises)
+    out = np.empty((n, 3), dtype=np.float32)
+    if n == 0:
+        return out
+    want_types = "token_type_ids" in input_names
+    flat, offsets, flat_types = tokenizer.encode(premises, hypotheses, with_type_ids=want_types)
+    plan = plan_batches(np.diff(offsets), policy.max_batch_tokens, policy.max_batch_size, policy.pad_multiple)
+    cols = np.asarray(columns, dtype=np.int64)
+    for b in range(plan.num_batches):
+        rows = plan.order[plan.bounds[b]:plan.bounds[b + 1]]
+        ids, mask, types = fill_batch(flat, offsets, rows, int(plan.seq_lens[b]), pad_id, flat_types)
+        feed = {"input_ids": ids, "attention_mask": mask}
+        if want_types and types is not None:
+            feed["token_type_ids"] = types
+        logits = run({k: v for k, v in feed.items() if k in input_names})
+        out[rows] = softmax(logits)[:, cols]
+        if progress is not None:
+            progress(len(rows), n)
+    if stats is not None:
+        stats.unique_pairs += n
+        stats.batches += plan.num_batches
+        stats.real_tokens += plan.real_tokens
+        stats.padded_tokens += plan.padded_tokens
+    return out

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Build the sdist and the wheel, install the wheel into a fresh venv with runtime dependencies only, and score pairs
+# with an artifact exported by the dev environment: proves the compiled extension and package data ship.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf dist && .venv/bin/python -m build -q --outdir dist . >/dev/null
+ls dist/*.whl dist/*.tar.gz
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+.venv/bin/python -m fastnli checkpoint "$tmp/ck" >/dev/null
+.venv/bin/python -m fastnli export "$tmp/ck" --out "$tmp/art" --precisions fp32,int8 >/dev/null
+PY=${PYTHON:-python3.11}; command -v "$PY" >/dev/null || PY=python3
+"$PY" -m venv "$tmp/venv"
+"$tmp/venv/bin/python" -m pip install -q dist/*.whl
+cd "$tmp"
+"$tmp/venv/bin/python" - "$tmp/art" <<'PYEOF'
+import sys
+import importlib.util
+import fastnli
+from fastnli import kernels
+from fastnli.engine import NLIEngine
+assert kernels.IMPLEMENTATION == "compiled", kernels.IMPLEMENTATION
+assert importlib.util.find_spec("torch") is None and importlib.util.find_spec("transformers") is None
+engine = NLIEngine.from_pretrained(sys.argv[1], device="cpu")
+probs = engine.predict([("A man plays guitar.", "A man makes music."), ("Paris", "Lyon")])
+assert probs.shape == (2, 3) and abs(float(probs.sum()) - 2.0) < 1e-4
+print(f"wheel OK: fastnli {fastnli.__version__}, kernels {kernels.IMPLEMENTATION}, {engine!r}")
+PYEOF

@@ -1,0 +1,263 @@
+"""Engine core: export parity with PyTorch, precisions, label orders, CPU fallback, atomic export, bad input."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import RAGGED_PAIRS, torch_probs
+
+from fastnli.engine import NLIEngine, export, read_manifest
+from fastnli.engine.labels import canonical_columns
+from fastnli.engine.probe import probe_pairs
+from fastnli.synthetic import build_checkpoint
+
+export_module = importlib.import_module("fastnli.engine.export")
+
+
+@pytest.mark.parametrize("art, ck", [("art_v1", "ckpt_v1"), ("art_v2", "ckpt_v2")])
+def test_fp32_matches_pytorch_on_ragged_batches(art: str, ck: str, request: pytest.FixtureRequest) -> None:
+    engine = NLIEngine.from_pretrained(request.getfixturevalue(art), device="cpu", precision="fp32")
+    ref = torch_probs(request.getfixturevalue(ck), RAGGED_PAIRS)
+    got = engine.predict(RAGGED_PAIRS)
+    assert got.shape == (len(RAGGED_PAIRS), 3) and got.dtype == np.float32
+    assert np.abs(got - ref).max() <= 1e-4
+    assert engine.last_stats.batches >= 1 and engine.last_stats.padded_tokens > engine.last_stats.real_tokens
+
+
+def test_pair_alone_equals_pair_in_padded_batch(art_v1: Path) -> None:
+    engine = NLIEngine.from_pretrained(art_v1, device="cpu", precision="fp32")
+    batched = engine.predict(RAGGED_PAIRS)
+    for i, pair in enumerate(RAGGED_PAIRS):
+        alone = engine.predict([pair])
+        assert np.abs(alone[0] - batched[i]).max() <= 1e-5
+    assert np.array_equal(engine.predict(RAGGED_PAIRS[1]), engine.predict([RAGGED_PAIRS[1]])[0])
+
+
+def test_manifest_records_sources_versions_and_validation(art_v1: Path, ckpt_v1: Path) -> None:
+    m = read_manifest(art_v1)
+    assert m.source == str(ckpt_v1.resolve())
+    assert len(m.source_hash) == 64 and len(m.artifact_hash) == 64
+    assert m.columns == [0, 1, 2] and m.max_length == 512 and m.opset >= 14
+    assert m.inputs == ["input_ids", "attention_mask"]  # v1: no token types
+    assert set(m.precisions) == {"fp32", "fp16", "int8"}
+    for key in ("transformers", "optimum-onnx", "onnxruntime", "torch"):
+        assert m.versions[key] != "not installed"
+    assert "tokenizer.json" in m.tokenizer_files
+    fp32 = m.precisions["fp32"].validation
+    assert fp32 is not None and fp32.n_pairs == len(probe_pairs()) and fp32.max_abs_dprob <= 1e-4
+    assert fp32.argmax_agreement == 1.0
+
+
+def test_fp16_graph_loads_and_stays_close(art_v1: Path, art_v2: Path) -> None:
+    for art in (art_v1, art_v2):
+        fp32 = NLIEngine.from_pretrained(art, device="cpu", precision="fp32").predict(RAGGED_PAIRS)
+        eng16 = NLIEngine.from_pretrained(art, device="cpu", precision="fp16")
+        assert eng16.precision == "fp16"
+        fp16 = eng16.predict(RAGGED_PAIRS)
+        assert np.isfinite(fp16).all()
+        assert np.abs(fp16 - fp32).max() <= 2e-2
+        assert read_manifest(art).precisions["fp16"].validation.max_abs_dprob <= 2e-2  # type: ignore[union-attr]
+
+
+def test_fp16_clamps_mask_constants(art_v1: Path) -> None:
+    recipe = read_manifest(art_v1).precisions["fp16"].recipe
+    assert recipe["keep_io_types"] is True and recipe["clamped_constants"] >= 1  # finfo(float32).min masks
+
+
+INT8_MIN_PROBE_AGREEMENT = 0.9  # stated share on the seeded tiny models (random weights: near-uniform probabilities)
+
+
+def test_int8_agrees_with_fp32_on_argmax(art_v1: Path) -> None:
+    val = read_manifest(art_v1).precisions["int8"].validation
+    assert val is not None and val.argmax_agreement >= INT8_MIN_PROBE_AGREEMENT
+    pairs = probe_pairs()
+    fp32 = NLIEngine.from_pretrained(art_v1, device="cpu", precision="fp32").predict(pairs)
+    int8 = NLIEngine.from_pretrained(art_v1, device="cpu", precision="int8").predict(pairs)
+    assert np.mean(fp32.argmax(1) == int8.argmax(1)) >= INT8_MIN_PROBE_AGREEMENT
+
+
+@pytest.mark.parametrize("order", ["cne", "cen", "enc"])
+def test_label_orders_map_to_canonical(order: str, workdir: Path) -> None:
+    ck = build_checkpoint(workdir / f"ck_order_{order}", arch="deberta", size="tiny", seed=0, label_order=order)
+    art = workdir / f"art_order_{order}"
+    export(ck, art, precisions=("fp32",), validate=False)
+    got = NLIEngine.from_pretrained(art, device="cpu").predict(RAGGED_PAIRS[:3])
+    # Same weights, different id2label: the canonical column of a label is the logit column the config names.
+    from transformers import AutoModelForSequenceClassification
+
+    id2label = AutoModelForSequenceClassification.from_pretrained(ck).config.id2label
+    names = [id2label[i].lower() for i in range(3)]
+    ref = torch_probs(ck, RAGGED_PAIRS[:3])
+    assert np.abs(got - ref).max() <= 1e-4
+    raw = ref[:, np.argsort(canonical_columns(id2label))]  # back to the checkpoint's own column order
+    for canon, label in enumerate(("contradiction", "neutral", "entailment")):
+        assert np.allclose(got[:, canon], raw[:, names.index(label)], atol=1e-6)
+
+
+def test_checkpoint_without_contradiction_label_is_refused(workdir: Path) -> None:
+    ck = build_checkpoint(workdir / "ck_badlabels", arch="deberta", size="tiny")
+    cfg = json.loads((ck / "config.json").read_text())
+    cfg["id2label"] = {"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"}
+    cfg["label2id"] = {v: int(k) for k, v in cfg["id2label"].items()}
+    (ck / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=re.escape("the checkpoint's id2label has no 'contradiction' label")):
+        export(ck, workdir / "art_badlabels")
+    assert not (workdir / "art_badlabels").exists()
+
+
+def test_cuda_requested_falls_back_to_cpu(art_v1: Path, caplog: pytest.LogCaptureFixture) -> None:
+    cpu = NLIEngine.from_pretrained(art_v1, device="cpu", precision="fp32")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fastnli"):
+        gpu = NLIEngine.from_pretrained(art_v1, device="cuda", precision="fp32")
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "falling back to CPU" in warnings[0].getMessage()
+    assert gpu.device == "cpu" and gpu.providers == ["CPUExecutionProvider"] and gpu.fallbacks == 1
+    assert np.array_equal(gpu.predict(RAGGED_PAIRS), cpu.predict(RAGGED_PAIRS))
+
+
+def test_cuda_auto_precision_falls_back_to_cpu_graph(art_v1: Path) -> None:
+    eng = NLIEngine.from_pretrained(art_v1, device="cuda")  # auto: fp16 on GPU; on CPU the CPU policy applies
+    assert eng.device == "cpu" and eng.precision in ("int8", "fp32")
+
+
+def test_run_time_device_error_switches_to_cpu(art_v1: Path, caplog: pytest.LogCaptureFixture) -> None:
+    eng = NLIEngine.from_pretrained(art_v1, device="cpu", precision="fp32")
+    expected = eng.predict(RAGGED_PAIRS)
+
+    class FailingCudaSession:
+        def run(self, *_args: object) -> None:
+            raise RuntimeError("CUDA failure 700: an illegal memory access was encountered")
+
+        def get_providers(self) -> list[str]:
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+    eng._session, eng.device = FailingCudaSession(), "cuda"
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fastnli"):
+        got = eng.predict(RAGGED_PAIRS)
+    assert eng.device == "cpu" and eng.fallbacks == 1
+    assert [r for r in caplog.records if r.levelno == logging.WARNING][0].getMessage().startswith(
+        "a run on CUDA failed (RuntimeError: CUDA failure 700")
+    assert np.array_equal(got, expected)
+
+
+def test_non_device_errors_are_not_swallowed(art_v1: Path) -> None:
+    eng = NLIEngine.from_pretrained(art_v1, device="cpu", precision="fp32")
+
+    class Broken:
+        def run(self, *_args: object) -> None:
+            raise RuntimeError("INVALID_ARGUMENT: bad shape")
+
+    eng._session = Broken()
+    with pytest.raises(RuntimeError, match="INVALID_ARGUMENT"):
+        eng.predict(RAGGED_PAIRS)
+
+
+def test_interrupted_export_leaves_nothing_loadable(ckpt_v1: Path, workdir: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    out = workdir / "art_interrupted"
+
+    def crash(*_a: object, **_k: object) -> None:
+        raise KeyboardInterrupt("simulated interruption during INT8 quantization")
+
+    monkeypatch.setattr(export_module, "to_int8", crash)
+    with pytest.raises(KeyboardInterrupt):
+        export(ckpt_v1, out)
+    assert not out.exists()
+    assert not [p for p in workdir.iterdir() if p.name.startswith(".art_interrupted")]
+    with pytest.raises(FileNotFoundError):
+        NLIEngine(out)
+
+
+def test_partial_directory_without_manifest_does_not_load(art_v1: Path, workdir: Path) -> None:
+    partial = workdir / "partial"
+    shutil.copytree(art_v1, partial)
+    (partial / "manifest.json").unlink()
+    with pytest.raises(FileNotFoundError, match=re.escape("is not a fastnli export artifact")):
+        NLIEngine(partial)
+
+
+def test_reexport_replaces_existing_artifact_atomically(ckpt_v1: Path, workdir: Path) -> None:
+    out = workdir / "art_twice"
+    export(ckpt_v1, out, precisions=("fp32",), validate=False)
+    export(ckpt_v1, out, precisions=("fp32", "int8"), validate=False)
+    assert set(read_manifest(out).precisions) == {"fp32", "int8"}
+    (workdir / "not_artifact").mkdir(exist_ok=True)
+    (workdir / "not_artifact" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="is not a fastnli artifact"):
+        export(ckpt_v1, workdir / "not_artifact", precisions=("fp32",), validate=False)
+    assert (workdir / "not_artifact" / "notes.txt").read_text() == "mine"
+
+
+def test_checkpoint_is_exported_once_into_cache(ckpt_v1: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                ) -> None:
+    monkeypatch.setenv("FASTNLI_CACHE", str(tmp_path / "cache"))
+    eng = NLIEngine.from_pretrained(ckpt_v1, device="cpu", precision="fp32")
+    assert eng.artifact_dir.parent == tmp_path / "cache" / "artifacts"
+
+    def no_export(*_a: object, **_k: object) -> None:
+        raise AssertionError("exported twice")
+
+    monkeypatch.setattr(export_module, "export", no_export)
+    again = NLIEngine.from_pretrained(ckpt_v1, device="cpu", precision="fp32")
+    assert again.artifact_dir == eng.artifact_dir
+    assert np.array_equal(again.predict(RAGGED_PAIRS), eng.predict(RAGGED_PAIRS))
+
+
+@pytest.mark.parametrize(
+    "pairs, exc, message",
+    [
+        (None, TypeError, "pairs must be a list of (premise, hypothesis) string pairs; got NoneType"),
+        ("premise", TypeError, "pairs must be a list of (premise, hypothesis) string pairs; got str"),
+        ([("a", "b"), ("a", 3)], TypeError, "pairs[1][1] (hypothesis) must be str; got int"),
+        ([("a", "b"), (None, "b")], TypeError, "pairs[1][0] (premise) must be str; got NoneType"),
+        ([("a", "b"), ("a", "b", "c")], ValueError,
+         "pairs[1] must be a (premise, hypothesis) pair of two strings; got a tuple of length 3"),
+        ([("a", "b"), []], ValueError,
+         "pairs[1] must be a (premise, hypothesis) pair of two strings; got a list of length 0"),
+        ([("a", "b"), "ab"], TypeError, "pairs[1] must be a (premise, hypothesis) pair of two strings; got str"),
+    ],
+)
+def test_bad_input_names_the_index(art_v1: Path, pairs: object, exc: type[Exception], message: str) -> None:
+    eng = NLIEngine.from_pretrained(art_v1, device="cpu", precision="fp32")
+    with pytest.raises(exc, match=re.escape(message)):
+        eng.predict(pairs)  # type: ignore[arg-type]
+
+
+def test_empty_input_and_edge_texts(art_v1: Path, ckpt_v1: Path) -> None:
+    eng = NLIEngine.from_pretrained(art_v1, device="cpu", precision="fp32")
+    assert eng.predict([]).shape == (0, 3)
+    long_text = "The committee met on Tuesday to review the budget and the costs. " * 80  # > 512 tokens
+    pairs = [("", ""), ("", "x"), (long_text, "The committee met."), ("Short.", long_text), (long_text, long_text)]
+    got = eng.predict(pairs)
+    assert got.shape == (5, 3) and np.isfinite(got).all()
+    assert np.allclose(got.sum(1), 1.0, atol=1e-5)
+    assert np.abs(got - torch_probs(ckpt_v1, pairs)).max() <= 1e-4
+
+
+def test_unknown_device_and_precision(art_v1: Path) -> None:
+    with pytest.raises(ValueError, match=re.escape("device='tpu' is not supported; use 'auto', 'cuda' or 'cpu'")):
+        NLIEngine(art_v1, device="tpu")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=re.escape("precision='bf16' is not supported")):
+        NLIEngine(art_v1, precision="bf16")  # type: ignore[arg-type]
+
+
+def test_cli_export_matches_python(ckpt_v2: Path, art_v2: Path, workdir: Path) -> None:
+    from fastnli.cli import main
+
+    out = workdir / "art_v2_cli"
+    assert main(["export", str(ckpt_v2), "--out", str(out), "--precisions", "fp32,int8"]) == 0
+    m_cli, m_py = read_manifest(out), read_manifest(art_v2)
+    assert m_cli.source_hash == m_py.source_hash and m_cli.columns == m_py.columns == [0, 2, 1]
+    assert "token_type_ids" in m_cli.inputs or m_cli.inputs == ["input_ids", "attention_mask"]
+    a = NLIEngine.from_pretrained(out, device="cpu", precision="fp32").predict(RAGGED_PAIRS)
+    b = NLIEngine.from_pretrained(art_v2, device="cpu", precision="fp32").predict(RAGGED_PAIRS)
+    assert np.array_equal(a, b)
