@@ -1,0 +1,224 @@
+"""``fastnli.score``: NCP and its sibling scorers for many prompts from one scheduled engine pass.
+
+All directed pairs that the requested scorers need, for all prompts, are collected first and sent to the engine in
+one :meth:`~fastnli.engine.NLIEngine.predict` call (the engine dedups across prompts and packs by length); the
+scorers then read the probabilities back (:mod:`fastnli.scorers.formulas`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fastnli.engine import CallStats, NLIEngine
+from fastnli.scorers import formulas
+
+SCORERS: tuple[str, ...] = ("noncontradiction", "entailment", "semantic_negentropy", "semantic_sets_confidence")
+_SEMANTIC = {"semantic_negentropy", "semantic_sets_confidence"}
+
+
+@dataclass
+class ScoreRow:
+    """Scores of one response (``None`` for scorers not requested). All scores are in [0, 1], 1 = consistent."""
+
+    index: int
+    response: str
+    num_samples: int
+    noncontradiction: float | None = None
+    entailment: float | None = None
+    semantic_negentropy: float | None = None
+    semantic_sets_confidence: float | None = None
+    num_semantic_sets: int | None = None
+    best_response: str | None = None  # set with use_best=True: the response the consistency scores refer to
+    matrix: np.ndarray | None = field(default=None, repr=False)  # (k, k, 3) over matrix_texts, with return_matrix
+    matrix_texts: list[str] | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.matrix is None:
+            d.pop("matrix")
+            d.pop("matrix_texts")
+        else:
+            d["matrix"] = self.matrix.tolist()
+        return d
+
+
+@dataclass
+class ScoreResult:
+    """One row per response, in input order, plus what the engine did (``stats``, ``device``, ``precision``)."""
+
+    rows: list[ScoreRow]
+    scorers: tuple[str, ...]
+    stats: CallStats
+    device: str
+    precision: str
+    seconds: float
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[ScoreRow]:
+        return iter(self.rows)
+
+    def __getitem__(self, i: int) -> ScoreRow:
+        return self.rows[i]
+
+    def column(self, scorer: str) -> list[float | None]:
+        """The values of one scorer, in input order."""
+        return [getattr(r, scorer) for r in self.rows]
+
+    def to_records(self) -> list[dict[str, Any]]:
+        return [r.to_dict() for r in self.rows]
+
+    def to_json(self) -> str:
+        return json.dumps({"rows": self.to_records(), "scorers": list(self.scorers), "device": self.device,
+                           "precision": self.precision, "seconds": self.seconds, "stats": self.stats.as_dict()})
+
+    def to_df(self) -> Any:
+        """A pandas DataFrame of the rows (needs pandas)."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError("to_df() needs pandas: pip install pandas") from None
+        return pd.DataFrame(self.to_records())
+
+
+def validate_inputs(responses: Any, sampled_responses: Any) -> None:
+    """Raise TypeError/ValueError naming the index and field of the first bad input."""
+    for name, value in (("responses", responses), ("sampled_responses", sampled_responses)):
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            raise TypeError(f"{name} must be a list; got {type(value).__name__}")
+    if len(responses) != len(sampled_responses):
+        raise ValueError(f"responses has {len(responses)} items but sampled_responses has {len(sampled_responses)}; "
+                         "give one list of sampled responses per response")
+    for i, (r, samples) in enumerate(zip(responses, sampled_responses)):
+        if not isinstance(r, str):
+            raise TypeError(f"responses[{i}] must be str; got {type(r).__name__}")
+        if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence):
+            raise TypeError(f"sampled_responses[{i}] must be a list of strings; got {type(samples).__name__}")
+        if len(samples) == 0:
+            raise ValueError(f"sampled_responses[{i}] is empty; each response needs at least one sampled response")
+        for j, s in enumerate(samples):
+            if not isinstance(s, str):
+                raise TypeError(f"sampled_responses[{i}][{j}] must be str; got {type(s).__name__}")
+
+
+def _check_scorers(scorers: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(scorers, str):
+        scorers = (scorers,)
+    bad = [s for s in scorers if s not in SCORERS]
+    if bad or not scorers:
+        raise ValueError(f"scorers={list(scorers)!r}: unknown {bad}; choose from {list(SCORERS)}")
+    return tuple(dict.fromkeys(scorers))
+
+
+@dataclass
+class _Prompt:
+    texts: list[str]  # [response] + samples
+    uniq: list[str]
+    pos: list[int]  # text position -> row in uniq
+    index: np.ndarray  # (k, k) global pair index, -1 where not needed
+
+
+def _plan(responses: Sequence[str], samples: Sequence[Sequence[str]], full: bool
+          ) -> tuple[list[tuple[str, str]], list[_Prompt]]:
+    pairs: list[tuple[str, str]] = []
+    prompts = []
+    for r, s in zip(responses, samples):
+        texts = [r, *s]
+        uniq = list(dict.fromkeys(texts))
+        row = {t: u for u, t in enumerate(uniq)}
+        k = len(uniq)
+        index = np.full((k, k), -1, dtype=np.int64)
+        for a in range(k) if full else (0,):
+            for b in range(k) if full else range(1, k):
+                if a != b:
+                    index[a, b] = len(pairs)
+                    pairs.append((uniq[a], uniq[b]))
+                    if not full:
+                        index[b, a] = len(pairs)
+                        pairs.append((uniq[b], uniq[a]))
+        prompts.append(_Prompt(texts, uniq, [row[t] for t in texts], index))
+    return pairs, prompts
+
+
+def _matrix(p: _Prompt, probs: np.ndarray) -> np.ndarray:
+    k = len(p.uniq)
+    P = np.zeros((k, k, 3), dtype=np.float32)
+    have = p.index >= 0
+    P[have] = probs[p.index[have]]
+    P[np.arange(k), np.arange(k)] = (0.0, 0.0, 1.0)  # identical strings: entailment by definition (as uqlm)
+    return P
+
+
+def score(
+    responses: Sequence[str],
+    sampled_responses: Sequence[Sequence[str]],
+    scorers: Sequence[str] = ("noncontradiction",),
+    engine: NLIEngine | None = None,
+    use_best: bool = False,
+    return_matrix: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> ScoreResult:
+    """Score each response against its sampled responses with NLI-based consistency scorers.
+
+    Args:
+        responses: the LLM's responses, one per prompt.
+        sampled_responses: for each response, the m ≥ 1 sampled responses of the same prompt (m may differ between
+            prompts; each prompt uses its own m).
+        scorers: any of ``"noncontradiction"`` (NCP), ``"entailment"``, ``"semantic_negentropy"``,
+            ``"semantic_sets_confidence"`` (default: NCP only). Formulas are uqlm's
+            (:mod:`fastnli.scorers.formulas`).
+        engine: the NLI engine (default: ``NLIEngine.from_pretrained()``, the embedded default model).
+        use_best: as uqlm's ``use_best``: when a semantic scorer is requested, swap each response for the lead
+            member of its most probable semantic cluster before computing NCP/entailment (default False: score the
+            response given).
+        return_matrix: attach each prompt's pairwise probability matrix (distinct texts × distinct texts × 3, in
+            the order contradiction, neutral, entailment; identical texts get (0, 0, 1)). Computes all pairs.
+        progress: called after each engine batch with ``(pairs in that batch, pairs to score in all)``.
+
+    Returns:
+        A :class:`ScoreResult` with one :class:`ScoreRow` per response, in input order.
+    """
+    t0 = time.perf_counter()
+    scorer_set = _check_scorers(scorers)
+    validate_inputs(responses, sampled_responses)
+    if engine is None:
+        engine = NLIEngine.from_pretrained()
+    semantic = bool(_SEMANTIC & set(scorer_set))
+    full = semantic or return_matrix
+    pairs, prompts = _plan(responses, sampled_responses, full)
+    probs, stats = engine.predict_with_stats(pairs, progress)  # the one scheduled engine pass
+    rows = []
+    for i, p in enumerate(prompts):
+        P = _matrix(p, probs)
+        m = len(p.texts) - 1
+        row = ScoreRow(index=i, response=p.texts[0], num_samples=m)
+        anchor = 0
+        if semantic:
+            clusters = formulas.cluster(P, p.pos)
+            neg, sets_conf, n_sets = formulas.semantic_scores(clusters, m)
+            if "semantic_negentropy" in scorer_set:
+                row.semantic_negentropy = neg
+            if "semantic_sets_confidence" in scorer_set:
+                row.semantic_sets_confidence = sets_conf
+            row.num_semantic_sets = n_sets
+            if use_best:
+                row.best_response = formulas.best_response(p.texts, clusters)
+                anchor = p.texts.index(row.best_response)
+        if {"noncontradiction", "entailment"} & set(scorer_set):
+            nc, en = formulas.noncontradiction_and_entailment(P, p.pos, anchor)
+            if "noncontradiction" in scorer_set:
+                row.noncontradiction = nc
+            if "entailment" in scorer_set:
+                row.entailment = en
+        if return_matrix:
+            row.matrix, row.matrix_texts = P, p.uniq
+        rows.append(row)
+    return ScoreResult(rows=rows, scorers=scorer_set, stats=stats, device=engine.device,
+                       precision=engine.precision, seconds=time.perf_counter() - t0)
