@@ -1,0 +1,1 @@
+"""Benchmarks and parity checks of fastnli against reference implementations (uqlm)."""

@@ -1,0 +1,112 @@
+"""Smoke test: uqlm itself runs in its own venv on a tiny seeded checkpoint (fastnli.benchmark.uqlm_peer).
+
+The first run builds ``.venv-uqlm`` (about a minute, needs the package registry); later runs reuse it.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from fastnli.benchmark.uqlm_peer import SUPPORTED_SCORERS, UqlmResult, ensure_uqlm_env, run_uqlm  # noqa: E402
+
+pytestmark = pytest.mark.uqlm
+
+RESPONSES = [
+    "A man plays the ball.",
+    "Paris is the capital of France.",
+    "The dog runs to the park.",
+]
+SAMPLED = [
+    # a duplicated sample and a sample identical to the response
+    ["Two children eat a red apple.", "Two children eat a red apple.", "A man plays the ball."],
+    # every sample equals the response: uqlm's identical-string shortcut gives exactly 1.0
+    ["Paris is the capital of France."] * 3,
+    ["The moon is blue.", "Berlin visits the museum.", "A small bird sees the river bank."],
+]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fastnli.synthetic import build_checkpoint
+
+    return build_checkpoint(tmp_path_factory.mktemp("uqlm") / "ck", arch="deberta", size="tiny")
+
+
+@pytest.fixture(scope="module")
+def uqlm_python() -> Path:
+    return ensure_uqlm_env()
+
+
+@pytest.fixture(scope="module")
+def result(checkpoint: Path, uqlm_python: Path) -> UqlmResult:
+    responses, sampled = copy.deepcopy(RESPONSES), copy.deepcopy(SAMPLED)
+    res = run_uqlm(checkpoint, responses, sampled, scorers=SUPPORTED_SCORERS, python=uqlm_python, torch_threads=1)
+    assert responses == RESPONSES and sampled == SAMPLED, "run_uqlm must not mutate its inputs"
+    return res
+
+
+def test_scores_are_finite_confidences(result: UqlmResult) -> None:
+    assert set(result.scores) == set(SUPPORTED_SCORERS)
+    for name, values in result.scores.items():
+        assert len(values) == len(RESPONSES), name
+        for v in values:
+            assert math.isfinite(v) and 0.0 <= v <= 1.0, (name, values)
+
+
+def test_identical_samples_score_exactly_one(result: UqlmResult) -> None:
+    assert result.scores["noncontradiction"][1] == 1.0
+    assert result.scores["entailment"][1] == 1.0
+    assert result.scores["semantic_negentropy"][1] == 1.0
+    assert result.scores["semantic_sets_confidence"][1] == 1.0
+
+
+def test_metadata(result: UqlmResult) -> None:
+    assert result.uqlm_version == "0.6.7"
+    assert result.torch_version.startswith("2.13.0")
+    assert result.numpy_version.startswith("1.")
+    assert result.torch_threads == 1
+    assert result.seconds > 0.0 and result.load_seconds > 0.0
+    # uqlm sends both directions of every uncached, non-identical pair; prompt 1 needs none.
+    assert result.num_nli_pairs > 0 and result.num_nli_pairs % 2 == 0
+    # Upper bound: every (response, sample) pair and every pair among the 4 texts of each prompt, both ways.
+    assert result.num_nli_pairs <= 2 * 3 * 6
+    assert result.responses == RESPONSES and result.sampled_responses == SAMPLED  # use_best=False: unchanged
+
+
+def test_use_best_swaps_in_the_majority_response(checkpoint: Path, uqlm_python: Path) -> None:
+    # The samples' mode wins whatever the (random) model says: either it forms a 3/4 cluster or it is the mode
+    # of the single cluster. uqlm then scores against it and returns the original response among the samples.
+    responses = ["A man plays the ball."]
+    sampled = [["The river is blue.", "The river is blue.", "The river is blue."]]
+    res = run_uqlm(
+        checkpoint,
+        responses,
+        sampled,
+        scorers=("noncontradiction", "semantic_negentropy"),
+        use_best=True,
+        python=uqlm_python,
+        torch_threads=1,
+    )
+    assert res.responses == ["The river is blue."]
+    assert res.sampled_responses == [["A man plays the ball.", "The river is blue.", "The river is blue."]]
+    nc = res.scores["noncontradiction"][0]
+    assert 2 / 3 <= nc <= 1.0  # two of the three comparisons are identical strings (1.0 each)
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        run_uqlm(tmp_path / "no-such-checkpoint", ["a"], [["b"]], python=Path("/nonexistent/python"))
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        run_uqlm(tmp_path, ["a"], [["b"]], python=Path("/nonexistent/python"))
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="unsupported uqlm scorer"):
+        run_uqlm(tmp_path, ["a"], [["b"]], scorers=("cosine_sim",), python=Path("/nonexistent/python"))
+    with pytest.raises(RuntimeError, match="cannot start the uqlm runner"):
+        run_uqlm(tmp_path, ["a"], [["b"]], python=Path("/nonexistent/python"))
