@@ -52,7 +52,7 @@ def make_lengths(n: int, seed: int = 1, long_fraction: float = 0.1) -> np.ndarra
 
 
 def make_pairs(n_pairs: int, dup_fraction: float = 0.5, seed: int = 0) -> tuple[list[str], list[str], int]:
-    """``n_pairs`` directed pairs of which ``dup_fraction`` repeat an earlier pair; returns (premises, hypotheses, U)."""
+    """``n_pairs`` directed pairs, ``dup_fraction`` of them repeats; returns (premises, hypotheses, unique count)."""
     rng = np.random.default_rng(seed)
     n_unique = max(1, round(n_pairs * (1.0 - dup_fraction)))
     n_texts = int(math.isqrt(n_unique)) + 2

@@ -153,6 +153,18 @@ def test_dedup_accepts_tuples_and_numpy_strings(impl: ModuleType) -> None:
     assert first.tolist() == [0, 1] and inverse.tolist() == [0, 1, 0]
 
 
+class _Text(str):
+    """A str subclass, as some callers pass (numpy.str_ is one too)."""
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_dedup_str_subclasses(impl: ModuleType) -> None:
+    premises = [_Text("a"), "a", _Text("b"), np.str_("a")]
+    hypotheses = ["x", _Text("x"), "x", "x"]
+    first, inverse = impl.dedup_pairs(premises, hypotheses)
+    assert first.tolist() == [0, 2] and inverse.tolist() == [0, 0, 1, 0]
+
+
 @needs_compiled
 @pytest.mark.parametrize("key_space", [1, 2, 3])
 def test_dedup_forced_hash_collisions(key_space: int) -> None:
@@ -195,6 +207,9 @@ def test_dedup_errors(impl: ModuleType) -> None:
         impl.dedup_pairs(["a", "b"], ["c", 5])
     with pytest.raises(TypeError, match=re.escape("premises[0] must be str, got NoneType None")):
         impl.dedup_pairs([None], ["c"])
+    # pair by pair: the hypothesis of pair 0 is reported before the premise of pair 1
+    with pytest.raises(TypeError, match=re.escape("hypotheses[0] must be str, got bytes b'x'")):
+        impl.dedup_pairs(["a", 1], [b"x", "b"])
     with pytest.raises(TypeError, match=re.escape("premises must be a sequence of str (list, tuple), got int")):
         impl.dedup_pairs(3, ["c"])
 
@@ -246,6 +261,20 @@ def test_flatten_errors(impl: ModuleType) -> None:
         impl.flatten_token_lists([[], np.array([2**64 - 1], dtype=np.uint64)])
     with pytest.raises(TypeError, match=re.escape("token_lists must be a sequence of token-id sequences, got str")):
         impl.flatten_token_lists("123")
+
+
+@needs_compiled
+def test_flatten_row_changed_by_index_raises() -> None:
+    row: list[object] = [1, 2, 3]
+
+    class Shrinker:
+        def __index__(self) -> int:
+            row.clear()  # a hostile __index__ that shrinks the row being read
+            return 7
+
+    row[0] = Shrinker()
+    with pytest.raises(RuntimeError, match=re.escape("token_lists[0] changed size while it was being flattened")):
+        _schedule.flatten_token_lists([row])
 
 
 # ----------------------------------------------------------------------------------------------------------------------
