@@ -30,7 +30,9 @@ def _setup_logging(verbose: bool) -> None:
     from rich.logging import RichHandler
 
     handler = RichHandler(show_path=False, console=_console(stderr=True))
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s", handlers=[handler])
+    # Other libraries (ORT's quantizer logs every skipped node on the root logger) stay at WARNING.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[handler])
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
     for noisy in ("transformers", "optimum", "torch", "httpx", "urllib3", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
 

@@ -8,11 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("optimum.exporters.onnx")
+from fastnli.engine import export
+from fastnli.synthetic import build_checkpoint
 
-from fastnli.engine import export  # noqa: E402
-from fastnli.synthetic import build_checkpoint  # noqa: E402
+
+def _need_export_extra() -> None:
+    """Skip a test that builds or exports checkpoints when the export extra (torch, optimum-onnx) is missing."""
+    pytest.importorskip("torch")
+    pytest.importorskip("optimum.exporters.onnx")
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "nli-data"
 
@@ -34,11 +37,13 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def ckpt_v1(workdir: Path) -> Path:
+    _need_export_extra()
     return build_checkpoint(workdir / "ck_v1", arch="deberta", size="tiny", seed=0)
 
 
 @pytest.fixture(scope="session")
 def ckpt_v2(workdir: Path) -> Path:
+    _need_export_extra()
     return build_checkpoint(workdir / "ck_v2", arch="deberta-v2", size="tiny", seed=1, label_order="cen")
 
 
@@ -56,6 +61,7 @@ def art_v2(ckpt_v2: Path, workdir: Path) -> Path:
 
 def torch_probs(ckpt: Path, pairs: list[tuple[str, str]]) -> np.ndarray:
     """PyTorch fp32, one pair at a time (no padding), canonical order (contradiction, neutral, entailment)."""
+    import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from fastnli.engine.labels import canonical_columns
@@ -75,3 +81,63 @@ def torch_probs(ckpt: Path, pairs: list[tuple[str, str]]) -> np.ndarray:
 @pytest.fixture(autouse=True)
 def _fastnli_logs(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="fastnli")
+
+
+# --- uqlm parity / adapter (tests/test_uqlm_parity.py, tests/test_uqlm_adapter.py): fp32-only exports, and a
+# DeBERTa-v2 checkpoint in uqlm's label order (uqlm reads probabilities as C/N/E whatever the config says).
+
+
+@pytest.fixture(scope="session")
+def art_v1_fp32(ckpt_v1: Path, workdir: Path) -> Path:
+    export(ckpt_v1, workdir / "art_v1_fp32", precisions=("fp32",))
+    return workdir / "art_v1_fp32"
+
+
+@pytest.fixture(scope="session")
+def art_v2_fp32(ckpt_v2: Path, workdir: Path) -> Path:
+    export(ckpt_v2, workdir / "art_v2_fp32", precisions=("fp32",))
+    return workdir / "art_v2_fp32"
+
+
+@pytest.fixture(scope="session")
+def ckpt_v2_cne(workdir: Path) -> Path:
+    pytest.importorskip("torch")
+    pytest.importorskip("optimum.exporters.onnx")
+    return build_checkpoint(workdir / "ck_v2_cne", arch="deberta-v2", size="tiny", seed=2, label_order="cne")
+
+
+@pytest.fixture(scope="session")
+def art_v2_cne(ckpt_v2_cne: Path, workdir: Path) -> Path:
+    export(ckpt_v2_cne, workdir / "art_v2_cne", precisions=("fp32",))
+    return workdir / "art_v2_cne"
+
+
+def uqlm_qa_workload(seed: int = 20240611) -> tuple[list[str], list[list[str]]]:
+    """12 prompts x 5 sampled short QA answers (1-8 words), seeded: heavy duplication, samples identical to the
+    response (one prompt: all five), case variants, two long sentences and one empty sample. Every prompt has the
+    same number of samples (uqlm normalises entropies with the first prompt's count)."""
+    import random
+
+    rng = random.Random(seed)
+    pools = [
+        ["Paris", "Paris, France", "Lyon", "The capital is Paris"],
+        ["1848", "In 1848", "1849", "It was 1848"],
+        ["Blue", "blue", "The sky is blue", "Grey"],
+        ["Water", "H2O", "It is water", "Ice"],
+        ["George Washington", "Washington", "John Adams", "The first president was Washington"],
+        ["Yes", "No", "yes", "Maybe"],
+        ["Berlin", "Berlin, Germany", "Bonn", "The capital of Germany is Berlin"],
+        ["Seven", "7", "Seven continents", "Six"],
+        ["The moon", "Moon", "The Sun", "It is the moon"],
+        ["Mount Everest", "Everest", "K2", "The tallest mountain is Everest"],
+        ["Shakespeare", "William Shakespeare", "Marlowe", "It was written by Shakespeare"],
+        ["Oxygen", "O2", "Nitrogen", "The gas is oxygen"],
+    ]
+    responses = [pool[0] for pool in pools]
+    sampled = [[rng.choice(pool if i % 3 == 0 else pool[:2]) for _ in range(5)] for i, pool in enumerate(pools)]
+    sampled[0] = ["Paris"] * 5
+    sampled[3][2] = ""
+    sampled[5] = ["No", "No", "No", "Yes", "no"]
+    sampled[7][1] = "There are seven continents on Earth, and Asia is the largest of them by area."
+    responses[9] = "Mount Everest, on the border of Nepal and China, is the tallest mountain above sea level."
+    return responses, sampled
