@@ -1,0 +1,405 @@
+"""Statement checks of answers on the NLI engine, for many answers in ONE engine pass.
+
+:func:`check_answers` plans every (premise, hypothesis) pair that the answers need, sends them all through one
+``engine.predict_with_stats`` call (the engine dedups identical pairs and packs by length), then reads the
+probabilities back by index. Probabilities are ``(contradiction, neutral, entailment)``.
+
+**Entailment decision** (:class:`CheckConfig`): with ``entailment_rule="threshold"`` (default) a premise entails a
+hypothesis when ``P(entailment) > entailment_threshold`` (default 0.5); with ``"argmax"`` when entailment is the most
+probable label.
+
+**(a) Corroboration** (SummaC-style statement × sentence matrix, only when a verifier answer is given): every
+statement of the main answer (hypothesis) against every sentence of the verifier answer (premise).
+``corroboration`` = max over verifier sentences of P(entailment); ``contradiction`` = max of P(contradiction). A
+statement is *corroborated* when some verifier sentence entails it, *contradicted* when ``contradiction >
+contradiction_threshold`` (default 0.5).
+
+**(b) Citation support** (ALCE citation recall and precision, Gao et al. 2023): a statement is *supported* when it
+cites at least one document, every citation points to a document that exists, and its cited documents joined
+(premise, ``"Title: t\\ntext"`` per document) entail it. A citation is *irrelevant* when its document alone does not
+entail the statement and the other cited documents still do; when a statement is not supported none of its
+citations count as relevant, and a supported statement with one citation has a relevant citation (as ALCE's code).
+Recall = supported statements / statements; precision = relevant citations / citations written (out-of-range ones
+included). Both are 0.0 for an answer without statements or citations. To keep one engine pass, the single-document
+and leave-one-out pairs of multi-citation statements are planned up front.
+
+**(c) Consistency and acceptance** (when a verifier answer is given): ``consistency`` = mean over statements of
+``corroboration`` (0.0 without statements or verifier sentences) — the score by which the CaLM loop ranks answers.
+An answer is *accepted* when it has at least one statement, the share of corroborated statements is at least
+``accept_share`` (default 0.8), no statement is contradicted, and — only when ``min_citation_recall`` is set
+(default None) — its citation recall reaches it. ``rouge_l`` (LCS F1 over lower-cased words, citations stripped)
+is reported beside it and decides nothing.
+
+**Truncation**: the engine truncates a pair longer than the model limit (512 tokens, ``longest_first``). A pair
+whose token estimate (:func:`fastnli.calm.documents.estimate_tokens`) exceeds the limit is flagged: the statement's
+``truncated`` flag, the answer's ``truncated_pairs`` and ``truncated_documents``, and one log warning per pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from fastnli.calm.documents import Document, pair_overflows, premise_text
+from fastnli.calm.statements import Statement, split_sentences, split_statements, strip_citations
+from fastnli.engine.labels import CONTRADICTION, ENTAILMENT
+
+__all__ = ["AnswerCheck", "AnswerInput", "CheckConfig", "EngineLike", "PairPlan", "StatementCheck", "check_answers",
+           "rouge_l"]
+
+logger = logging.getLogger("fastnli")
+
+DEFAULT_MAX_LENGTH = 512
+
+
+class EngineLike(Protocol):
+    """What the checks need of an engine: :class:`fastnli.NLIEngine` or a stub with the same call."""
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def precision(self) -> str: ...
+
+    def predict_with_stats(self, pairs: Sequence[tuple[str, str]]) -> tuple[np.ndarray, Any]: ...
+
+
+@dataclass(frozen=True)
+class CheckConfig:
+    """Decision rules of the checks (see the module docstring).
+
+    Attributes:
+        entailment_rule: ``"threshold"`` (default: ``P(entailment) > entailment_threshold``) or ``"argmax"``.
+        entailment_threshold: default 0.5; used by the threshold rule.
+        contradiction_threshold: a statement is contradicted when some verifier sentence gives
+            ``P(contradiction) >`` this (default 0.5).
+        accept_share: least share of corroborated statements for acceptance (default 0.8).
+        min_citation_recall: when set, acceptance also needs this citation recall (default None: not used).
+        check_citations: compute ALCE citation support (default True); False plans no citation pairs.
+    """
+
+    entailment_rule: Literal["threshold", "argmax"] = "threshold"
+    entailment_threshold: float = 0.5
+    contradiction_threshold: float = 0.5
+    accept_share: float = 0.8
+    min_citation_recall: float | None = None
+    check_citations: bool = True
+
+    def __post_init__(self) -> None:
+        if self.entailment_rule not in ("threshold", "argmax"):
+            raise ValueError(f"entailment_rule={self.entailment_rule!r} is not supported; use 'threshold' or 'argmax'")
+        for name in ("entailment_threshold", "contradiction_threshold", "accept_share"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name}={value} must be within [0, 1]")
+        if self.min_citation_recall is not None and not 0.0 <= self.min_citation_recall <= 1.0:
+            raise ValueError(f"min_citation_recall={self.min_citation_recall} must be within [0, 1] (or None)")
+
+    def entails(self, probs: np.ndarray) -> bool:
+        """The entailment decision for one probability row ``(contradiction, neutral, entailment)``."""
+        if self.entailment_rule == "argmax":
+            return int(np.argmax(probs)) == ENTAILMENT
+        return float(probs[ENTAILMENT]) > self.entailment_threshold
+
+
+@dataclass
+class StatementCheck:
+    """The checks of one statement (fields are None where the check did not apply).
+
+    Attributes:
+        text: the statement, citations stripped (the hypothesis of every pair).
+        citations: 0-based indices of the cited documents that exist.
+        invalid_citations: out-of-range citation numbers as written (1-based).
+        corroboration: max P(entailment) over the verifier's sentences (None without a verifier answer).
+        contradiction: max P(contradiction) over the verifier's sentences.
+        corroborated: some verifier sentence entails the statement.
+        contradicted: ``contradiction > contradiction_threshold``.
+        best_sentence: index of the verifier sentence with the highest P(entailment).
+        citation_entailment: P(entailment) of the cited documents joined → statement (None when the statement cites
+            nothing valid or cites an out-of-range number).
+        supported: ALCE citation recall of the statement.
+        relevant_citations: per valid citation (same order as ``citations``), whether it is relevant.
+        truncated: some premise checked against this statement is estimated to exceed the model limit.
+    """
+
+    text: str
+    citations: list[int] = field(default_factory=list)
+    invalid_citations: list[int] = field(default_factory=list)
+    corroboration: float | None = None
+    contradiction: float | None = None
+    corroborated: bool | None = None
+    contradicted: bool | None = None
+    best_sentence: int | None = None
+    citation_entailment: float | None = None
+    supported: bool = False
+    relevant_citations: list[bool] = field(default_factory=list)
+    truncated: bool = False
+
+
+@dataclass
+class AnswerCheck:
+    """The checks of one answer.
+
+    Attributes:
+        answer: the answer as given.
+        statements: one :class:`StatementCheck` per statement.
+        verifier_sentences: the verifier answer's sentences (premises), None without a verifier answer.
+        consistency: mean corroboration (None without a verifier answer).
+        corroborated_share: corroborated statements / statements.
+        contradicted: some statement is contradicted.
+        accepted: the acceptance rule of :class:`CheckConfig` holds (None without a verifier answer).
+        citation_recall: ALCE citation recall (None with ``check_citations=False``).
+        citation_precision: ALCE citation precision.
+        num_citations: citations written, out-of-range ones included.
+        invalid_citations: out-of-range citation numbers of the whole answer, as written.
+        cited_documents: 0-based indices of the documents cited, sorted.
+        truncated_documents: cited documents (0-based) whose text alone is estimated to exceed the model limit.
+        truncated_pairs: planned pairs estimated to exceed the model limit (the engine truncates them).
+        rouge_l: ROUGE-L F1 between answer and verifier answer (lexical, reported only).
+        nli_pairs: pairs this answer sent to the engine, per check (before the engine's dedup).
+        notes: human-readable remarks (no statements, empty verifier answer, truncation, ...).
+    """
+
+    answer: str
+    statements: list[StatementCheck]
+    verifier_sentences: list[str] | None = None
+    consistency: float | None = None
+    corroborated_share: float | None = None
+    contradicted: bool | None = None
+    accepted: bool | None = None
+    citation_recall: float | None = None
+    citation_precision: float | None = None
+    num_citations: int = 0
+    invalid_citations: list[int] = field(default_factory=list)
+    cited_documents: list[int] = field(default_factory=list)
+    truncated_documents: list[int] = field(default_factory=list)
+    truncated_pairs: int = 0
+    rouge_l: float | None = None
+    nli_pairs: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class AnswerInput:
+    """One answer to check.
+
+    Attributes:
+        answer: the answer with ALCE citations; ``[n]`` cites ``documents[n - 1]``.
+        documents: the documents the citation numbers refer to (numbers above ``len(documents)`` are out of range).
+        verifier_answer: the verifier's answer to corroborate against (default None: citation checks only).
+        statements: pre-split statements (default None: :func:`~fastnli.calm.statements.split_statements`).
+    """
+
+    answer: str
+    documents: Sequence[Document]
+    verifier_answer: str | None = None
+    statements: list[Statement] | None = None
+
+
+class PairPlan:
+    """Collects (premise, hypothesis) pairs for one engine pass and flags the ones likely to be truncated.
+
+    Args:
+        max_length: the model limit in tokens (default 512), for the ``truncated`` estimate.
+    """
+
+    def __init__(self, max_length: int = DEFAULT_MAX_LENGTH) -> None:
+        self.max_length = max_length
+        self.pairs: list[tuple[str, str]] = []
+        self.overflow: list[bool] = []
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def add(self, premise: str, hypothesis: str) -> int:
+        """Plan one pair; returns its row in the pass's output."""
+        self.pairs.append((premise, hypothesis))
+        self.overflow.append(pair_overflows(premise, hypothesis, self.max_length))
+        return len(self.pairs) - 1
+
+    def run(self, engine: EngineLike) -> tuple[np.ndarray, Any]:
+        """The one engine call: ``(probabilities (N, 3), the engine's CallStats or None when nothing was planned)``."""
+        if not self.pairs:
+            return np.zeros((0, 3), dtype=np.float32), None
+        n_over = sum(self.overflow)
+        if n_over:
+            logger.warning("%d of %d NLI pairs are estimated to exceed the model limit of %d tokens; the engine "
+                           "truncates them longest_first (the premise, usually the documents, loses its end) and the "
+                           "results flag them as truncated", n_over, len(self.pairs), self.max_length)
+        probs, stats = engine.predict_with_stats(self.pairs)
+        probs = np.asarray(probs, dtype=np.float32)
+        if probs.shape != (len(self.pairs), 3):
+            raise ValueError(f"the engine returned probabilities of shape {probs.shape} for {len(self.pairs)} pairs; "
+                             "expected (N, 3)")
+        return probs, stats
+
+
+def engine_max_length(engine: Any) -> int:
+    """The engine's pair limit in tokens (``engine.manifest.max_length``), 512 when it does not say."""
+    value = getattr(getattr(engine, "manifest", None), "max_length", None)
+    return int(value) if isinstance(value, int) and value > 0 else DEFAULT_MAX_LENGTH
+
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def rouge_l(candidate: str, reference: str) -> float:
+    """ROUGE-L F1 (β = 1) of two texts over lower-cased ``\\w+`` tokens; 0.0 when either is empty."""
+    a = _WORD.findall(candidate.lower())
+    b = _WORD.findall(reference.lower())
+    if not a or not b:
+        return 0.0
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0] * (len(b) + 1)
+        for j, y in enumerate(b, start=1):
+            cur[j] = prev[j - 1] + 1 if x == y else max(prev[j], cur[j - 1])
+        prev = cur
+    lcs = prev[-1]
+    if lcs == 0:
+        return 0.0
+    p, r = lcs / len(a), lcs / len(b)
+    return 2 * p * r / (p + r)
+
+
+@dataclass
+class _StatementPlan:
+    statement: Statement
+    corroboration: list[int] = field(default_factory=list)  # one pair per verifier sentence
+    joint: int | None = None
+    single: list[int] = field(default_factory=list)  # per valid citation (multi-citation statements)
+    rest: list[int] = field(default_factory=list)  # leave-one-out, per valid citation
+
+
+@dataclass
+class _AnswerPlan:
+    item: AnswerInput
+    statements: list[_StatementPlan]
+    verifier_sentences: list[str] | None
+    nli_pairs: dict[str, int]
+
+
+def _plan_answer(plan: PairPlan, item: AnswerInput, config: CheckConfig) -> _AnswerPlan:
+    docs = list(item.documents)
+    statements = item.statements if item.statements is not None else split_statements(item.answer, len(docs))
+    verifier = None
+    if item.verifier_answer is not None:
+        verifier = [t for t in (strip_citations(s) for s in split_sentences(item.verifier_answer)) if t]
+    counts = {"corroboration": 0, "citation": 0}
+    plans = []
+    for st in statements:
+        sp = _StatementPlan(st)
+        for v in verifier or ():
+            sp.corroboration.append(plan.add(v, st.text))
+        counts["corroboration"] += len(sp.corroboration)
+        cites = list(st.citations)
+        if config.check_citations and cites and not st.invalid_citations:
+            before = len(plan)
+            sp.joint = plan.add(premise_text([docs[c] for c in cites]), st.text)
+            if len(cites) > 1:
+                sp.single = [plan.add(premise_text([docs[c]]), st.text) for c in cites]
+                sp.rest = [plan.add(premise_text([docs[o] for o in cites if o != c]), st.text) for c in cites]
+            counts["citation"] += len(plan) - before
+        plans.append(sp)
+    return _AnswerPlan(item, plans, verifier, counts)
+
+
+def _finish_answer(ap: _AnswerPlan, probs: np.ndarray, overflow: list[bool], config: CheckConfig,
+                   max_length: int) -> AnswerCheck:
+    item, docs = ap.item, list(ap.item.documents)
+    checks: list[StatementCheck] = []
+    notes: list[str] = []
+    n_citations, n_relevant = 0, 0
+    invalid: dict[int, None] = {}
+    cited: set[int] = set()
+    truncated_pairs = 0
+    for sp in ap.statements:
+        st = sp.statement
+        sc = StatementCheck(text=st.text, citations=list(st.citations), invalid_citations=list(st.invalid_citations))
+        rows = sp.corroboration + ([sp.joint] if sp.joint is not None else []) + sp.single + sp.rest
+        sc.truncated = any(overflow[r] for r in rows)
+        truncated_pairs += sum(overflow[r] for r in rows)
+        if ap.verifier_sentences is not None:
+            if sp.corroboration:
+                P = probs[sp.corroboration]
+                best = int(np.argmax(P[:, ENTAILMENT]))
+                sc.corroboration = float(P[best, ENTAILMENT])
+                sc.contradiction = float(P[:, CONTRADICTION].max())
+                sc.corroborated = any(config.entails(row) for row in P)
+                sc.best_sentence = best
+            else:
+                sc.corroboration, sc.contradiction, sc.corroborated = 0.0, 0.0, False
+            sc.contradicted = sc.contradiction > config.contradiction_threshold
+        if sp.joint is not None:
+            sc.citation_entailment = float(probs[sp.joint, ENTAILMENT])
+            sc.supported = config.entails(probs[sp.joint])
+            if not sc.supported:
+                sc.relevant_citations = [False] * len(st.citations)
+            elif len(st.citations) == 1:
+                sc.relevant_citations = [True]
+            else:
+                sc.relevant_citations = [config.entails(probs[s]) or not config.entails(probs[r])
+                                         for s, r in zip(sp.single, sp.rest)]
+        else:
+            sc.relevant_citations = [False] * len(st.citations)
+        n_citations += st.num_citations
+        n_relevant += sum(sc.relevant_citations)
+        invalid.update(dict.fromkeys(st.invalid_citations))
+        cited.update(st.citations)
+        checks.append(sc)
+    n = len(checks)
+    out = AnswerCheck(answer=item.answer, statements=checks, verifier_sentences=ap.verifier_sentences,
+                      num_citations=n_citations, invalid_citations=list(invalid), cited_documents=sorted(cited),
+                      truncated_pairs=truncated_pairs, nli_pairs=ap.nli_pairs, notes=notes)
+    out.truncated_documents = [c for c in out.cited_documents if pair_overflows(premise_text([docs[c]]), "",
+                                                                                max_length)]
+    if n == 0:
+        notes.append("the answer has no statements")
+    if invalid:
+        notes.append(f"citations out of range: {sorted(invalid)} (the prompt numbered documents 1..{len(docs)})")
+    if truncated_pairs:
+        notes.append(f"{truncated_pairs} NLI pair(s) estimated over the model limit of {max_length} tokens were "
+                     "truncated by the engine (longest_first)")
+    if config.check_citations:
+        out.citation_recall = sum(c.supported for c in checks) / n if n else 0.0
+        out.citation_precision = n_relevant / n_citations if n_citations else 0.0
+    if ap.verifier_sentences is not None:
+        if not ap.verifier_sentences:
+            notes.append("the verifier answer has no sentences")
+        out.consistency = sum(c.corroboration or 0.0 for c in checks) / n if n else 0.0
+        out.corroborated_share = sum(bool(c.corroborated) for c in checks) / n if n else 0.0
+        out.contradicted = any(bool(c.contradicted) for c in checks)
+        out.accepted = (n > 0 and out.corroborated_share >= config.accept_share and not out.contradicted
+                        and (config.min_citation_recall is None
+                             or (out.citation_recall or 0.0) >= config.min_citation_recall))
+        out.rouge_l = rouge_l(strip_citations(item.answer), item.verifier_answer or "")
+    return out
+
+
+def check_answers(answers: Sequence[AnswerInput], engine: EngineLike, config: CheckConfig | None = None
+                  ) -> tuple[list[AnswerCheck], Any]:
+    """Check many answers with ONE engine pass (see the module docstring for every rule).
+
+    Args:
+        answers: the answers, each with its documents and optionally a verifier answer.
+        engine: an :class:`~fastnli.NLIEngine` (or anything with ``predict_with_stats(pairs)``).
+        config: decision rules (default :class:`CheckConfig()`).
+
+    Returns:
+        ``(checks, stats)``: one :class:`AnswerCheck` per answer in input order, and the engine's ``CallStats`` of
+        the pass (None when no pair was needed and the engine was not called).
+    """
+    config = config or CheckConfig()
+    max_length = engine_max_length(engine)
+    plan = PairPlan(max_length)
+    plans = [_plan_answer(plan, a, config) for a in answers]
+    probs, stats = plan.run(engine)
+    return [_finish_answer(ap, probs, plan.overflow, config, max_length) for ap in plans], stats

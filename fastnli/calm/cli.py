@@ -1,0 +1,177 @@
+"""``fastnli calm`` (the CaLM loop over a JSONL file of queries) and ``fastnli alce`` (ALCE citation metrics).
+
+``fastnli calm`` input lines: ``{"query": str, "documents": [str | {"title", "text"}, ...]}`` (``"question"`` is read
+when ``"query"`` is absent; other fields are carried to the output). Output lines: the input fields plus the
+result's ``answer``, ``accepted``, ``iterations``, ``best_iteration``, ``stop_reason``, ``metrics``, ``error``,
+``device``, ``precision`` and ``trace``. Exit status 1 when some query stopped on an LM error (its line says which).
+
+``fastnli alce`` input lines: ``{"answer": str, "documents": [...]}``; output lines add ``citation_recall``,
+``citation_precision``, ``num_citations``, ``invalid_citations`` and per-statement ``statements``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from fastnli.cli import add_engine_arguments, engine_from_args, read_jsonl, register, write_jsonl
+
+logger = logging.getLogger("fastnli")
+
+
+def _documents(path: str, row: dict[str, Any]) -> list[Any]:
+    where = f"{path}:{row['_line']}"
+    docs = row.get("documents")
+    if docs is None:
+        raise ValueError(f"{where}: missing field 'documents' (a list of strings or {{\"title\", \"text\"}} objects); "
+                         "the CLI needs each query's documents (use fastnli.calm.calm_batch with a retriever from "
+                         "Python)")
+    if not isinstance(docs, list) or not docs:
+        raise ValueError(f"{where}: field 'documents' must be a non-empty list of strings or {{\"title\", \"text\"}} "
+                         "objects")
+    from fastnli.calm.documents import as_documents
+
+    try:
+        return list(as_documents(docs, "field 'documents'"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def read_calm_input(path: str) -> list[dict[str, Any]]:
+    """Read and check a ``fastnli calm`` input file; errors name the line and the field."""
+    rows = read_jsonl(path)
+    for r in rows:
+        where = f"{path}:{r['_line']}"
+        key = "query" if "query" in r else "question"
+        q = r.get(key)
+        if q is None:
+            raise ValueError(f"{where}: missing field 'query' (the question to answer)")
+        if not isinstance(q, str) or not q.strip():
+            raise ValueError(f"{where}: field {key!r} must be a non-empty string")
+        r["_query"] = q
+        r["_documents"] = _documents(path, r)
+    return rows
+
+
+def _add_calm_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help="JSONL with {query, documents} per line")
+    p.add_argument("-o", "--output", default=None, help="output JSONL (default: stdout)")
+    for role, what in (("main", "the large LM that answers with citations"),
+                       ("verifier", "the small LM that answers from the cited documents")):
+        p.add_argument(f"--{role}-base-url", required=True,
+                       help=f"OpenAI-compatible API root of {what}, e.g. http://localhost:8000/v1")
+        p.add_argument(f"--{role}-model", required=True, help=f"model name of {what}")
+        p.add_argument(f"--{role}-api-key-env", default="OPENAI_API_KEY",
+                       help="environment variable holding its API key (default: OPENAI_API_KEY; unset = no key)")
+    p.add_argument("--k", type=int, default=3, help="documents per batch (default 3)")
+    p.add_argument("--max-iterations", type=int, default=3, help="T, the most answers per query (default 3)")
+    p.add_argument("--max-concurrency", type=int, default=8, help="LM calls in flight (default 8)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of both LMs (default 0)")
+    p.add_argument("--max-tokens", type=int, default=None, help="cap on generated tokens (default: server's)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per LM request attempt (default 60)")
+    p.add_argument("--max-retries", type=int, default=3, help="retries on 429/5xx/connection errors (default 3)")
+    p.add_argument("--accept-share", type=float, default=0.8,
+                   help="least share of corroborated statements to accept (default 0.8)")
+    p.add_argument("--entailment-threshold", type=float, default=0.5, help="P(entailment) > this entails (default 0.5)")
+    p.add_argument("--on-error", default="record", choices=["record", "raise"],
+                   help="record: a failing query gets an error in its line, the others go on (default); raise: stop")
+    p.add_argument("--no-prompts", action="store_true", help="leave the prompts out of the trace")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_engine_arguments(p)
+
+
+def _run_calm(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fastnli.calm.checks import CheckConfig
+    from fastnli.calm.lm import LMError, OpenAIChatLM
+    from fastnli.calm.loop import calm_batch
+
+    rows = read_calm_input(args.input)
+    lms = [OpenAIChatLM(getattr(args, f"{role}_model"), getattr(args, f"{role}_base_url"),
+                        api_key_env=getattr(args, f"{role}_api_key_env"), temperature=args.temperature,
+                        max_tokens=args.max_tokens, timeout=args.timeout, max_retries=args.max_retries)
+           for role in ("main", "verifier")]
+    config = CheckConfig(accept_share=args.accept_share, entailment_threshold=args.entailment_threshold)
+    engine = engine_from_args(args)
+    with Progress(TextColumn("CaLM queries"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  disable=args.no_progress, transient=True) as bar:
+        task = bar.add_task("queries", total=len(rows))
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        try:
+            batch = calm_batch([r["_query"] for r in rows], [r["_documents"] for r in rows], lms[0], lms[1], engine,
+                               k=args.k, max_iterations=args.max_iterations, check_config=config,
+                               max_concurrency=args.max_concurrency, on_error=args.on_error, progress=advance)
+        except LMError as exc:
+            logger.error("%s", exc)
+            return 1
+
+    def records() -> Iterator[dict[str, Any]]:
+        for r, res in zip(rows, batch):
+            rec = {key: v for key, v in r.items() if not key.startswith("_")}
+            out = res.to_dict(include_prompts=not args.no_prompts)
+            for key in ("index", "query", "documents"):
+                out.pop(key)
+            rec.update(out)
+            yield rec
+
+    write_jsonl(args.output, records())
+    errors = sum(r.error is not None for r in batch)
+    logger.info("%d queries: %d accepted, %d errors; %d NLI passes, %d pairs (%d unique); device %s, precision %s, "
+                "%.2f s", len(batch), sum(r.accepted for r in batch), errors, len(batch.passes),
+                sum(p["pairs_in"] for p in batch.passes), sum(p["unique_pairs"] for p in batch.passes), batch.device,
+                batch.precision, batch.seconds)
+    return 1 if errors else 0
+
+
+def _add_alce_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help="JSONL with {answer, documents} per line")
+    p.add_argument("-o", "--output", default=None, help="output JSONL (default: stdout)")
+    p.add_argument("--entailment-rule", default="threshold", choices=["threshold", "argmax"],
+                   help="threshold: P(entailment) > --entailment-threshold (default); argmax: entailment most probable")
+    p.add_argument("--entailment-threshold", type=float, default=0.5, help="default 0.5")
+    add_engine_arguments(p)
+
+
+def _run_alce(args: argparse.Namespace) -> int:
+    from fastnli.calm.alce import alce_citations
+    from fastnli.calm.checks import CheckConfig
+
+    rows = read_jsonl(args.input)
+    for r in rows:
+        if not isinstance(r.get("answer"), str):
+            raise ValueError(f"{args.input}:{r['_line']}: field 'answer' must be a string")
+        r["_documents"] = _documents(args.input, r)
+    engine = engine_from_args(args)
+    config = CheckConfig(entailment_rule=args.entailment_rule, entailment_threshold=args.entailment_threshold)
+    result = alce_citations([r["answer"] for r in rows], [r["_documents"] for r in rows], engine, config)
+
+    def records() -> Iterator[dict[str, Any]]:
+        for r, check in zip(rows, result):
+            rec = {key: v for key, v in r.items() if not key.startswith("_")}
+            rec.update(citation_recall=check.citation_recall, citation_precision=check.citation_precision,
+                       num_citations=check.num_citations, invalid_citations=check.invalid_citations,
+                       truncated_documents=check.truncated_documents,
+                       statements=[{"text": s.text, "citations": s.citations, "invalid_citations": s.invalid_citations,
+                                    "supported": s.supported, "relevant_citations": s.relevant_citations,
+                                    "citation_entailment": s.citation_entailment, "truncated": s.truncated}
+                                   for s in check.statements])
+            yield rec
+
+    write_jsonl(args.output, records())
+    logger.info("%d answers: citation recall %.4f, citation precision %.4f; %d pairs (%d unique), device %s, "
+                "precision %s, %.2f s", len(result), result.citation_recall, result.citation_precision,
+                result.stats.get("pairs_in", 0), result.stats.get("unique_pairs", 0), result.device, result.precision,
+                result.seconds)
+    return 0
+
+
+register("calm", "CaLM: verify grounded answers of a large LM with a small LM and NLI (JSONL of queries + documents)",
+         _add_calm_arguments, _run_calm)
+register("alce", "ALCE citation recall and precision of a JSONL file of {answer, documents}",
+         _add_alce_arguments, _run_alce)
