@@ -311,6 +311,11 @@ class NLIEngine:
         self.last_stats = stats
         return (out[0] if single else out), stats
 
+    def token_lengths(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        """Token count of each pair as the engine encodes it (special tokens included, after truncation)."""
+        premises, hypotheses, _ = _validate_pairs(list(pairs))
+        return np.diff(self._tokenizer.encode(premises, hypotheses)[1])
+
     def with_policy(self, **changes: Any) -> NLIEngine:
         """Set batch-policy fields (``max_batch_tokens``, ``max_batch_size``, ``pad_multiple``) and return self."""
         self._policy_override = replace(self.batch_policy, **changes)

@@ -1,0 +1,77 @@
+"""This machine's GEMM peaks on ONNX Runtime (fp32 and INT8), and DeBERTa's FLOP count per sequence.
+
+The peaks are measured in the same run as the benchmark: one MatMul of DeBERTa-large's FFN shape
+(``[rows, 1024] × [1024, 4096]``), fp32 and dynamically quantized INT8 (ORT's ``DynamicQuantizeMatMul``, the kernel
+the INT8 graph uses), best of several repeats. Best-of-N because the minimum is the least disturbed by other load.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _matmul_model(path: Path, k: int, n: int, seed: int = 0) -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(seed).standard_normal((k, n)).astype(np.float32) * 0.02
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # readable by every ORT release we support
+    onnx.save(model, str(path))
+
+
+def gemm_peaks(rows: int = 2048, k: int = 1024, n: int = 4096, repeats: int = 5,
+               threads: int = 0) -> dict[str, float]:
+    """Measured GEMM throughput in GFLOP/s (2·m·k·n per product) for ``fp32`` and ``int8`` on ORT's CPU provider."""
+    import onnxruntime as ort
+
+    from fastnli.engine.precision import to_int8
+
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        fp32 = Path(d) / "fp32.onnx"
+        _matmul_model(fp32, k, n)
+        int8 = Path(d) / "int8.onnx"
+        to_int8(fp32, int8)
+        x = np.random.default_rng(1).standard_normal((rows, k)).astype(np.float32)
+        for name, path in (("fp32", fp32), ("int8", int8)):
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = threads
+            sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+            sess.run(None, {"x": x})
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                sess.run(None, {"x": x})
+                best = min(best, time.perf_counter() - t0)
+            out[name] = 2.0 * rows * k * n / best / 1e9
+    return out
+
+
+def deberta_flops(config: dict[str, Any], seq_len: int) -> float:
+    """Estimated FLOPs of one forward pass of a DeBERTa sequence classifier on one sequence of ``seq_len`` tokens.
+
+    Counted (2 FLOPs per multiply-add): the linear layers (Q/K/V/output projections and the FFN) per token; the
+    attention products per token (content QKᵀ and AV, plus the c2p and p2c disentangled terms over ``2·seq_len``
+    relative positions); the relative-position key/query projections per sequence. Embeddings, norms, softmax and
+    the classifier head are ignored (< 1%).
+    """
+    d = int(config["hidden_size"])
+    ff = int(config["intermediate_size"])
+    layers = int(config["num_hidden_layers"])
+    s = int(seq_len)
+    linear = 2 * (4 * d * d + 2 * d * ff) * s
+    attention = (2 * s * d + 2 * s * d + 2 * 2 * s * d * 2) * s
+    rel_proj = 2 * 2 * (2 * s) * d * d
+    return float(layers * (linear + attention + rel_proj))

@@ -1,0 +1,64 @@
+"""A quick smoke of `fastnli bench` on the tiny seeded checkpoint (the full run is the bench command itself)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fastnli.benchmark.roofline import deberta_flops
+from fastnli.benchmark.run import ncp_from_pairs, uqlm_pairs
+from fastnli.benchmark.workloads import long_workload, short_workload
+
+
+def test_workloads_are_seeded_and_duplicated() -> None:
+    a, b = short_workload(50, 5, seed=3), short_workload(50, 5, seed=3)
+    assert a.responses == b.responses and a.sampled_responses == b.sampled_responses
+    assert all(1 <= len(r.split()) <= 8 for r in a.responses)
+    dup = sum(len(s) - len(set(s)) for s in a.sampled_responses) + sum(r in s for r, s in zip(a.responses,
+                                                                                               a.sampled_responses))
+    assert dup > 50  # heavy duplication, as real samples have
+    assert all(2 <= r.count(".") <= 6 for r in long_workload(5, 2).responses)
+
+
+def test_uqlm_pair_order_and_ncp_from_pairs() -> None:
+    w = short_workload(5, 3, seed=1)
+    pairs = uqlm_pairs(w)
+    assert len(pairs) % 2 == 0 and all(pairs[i] == pairs[i + 1][::-1] for i in range(0, len(pairs), 2))
+    import numpy as np
+
+    probs = np.tile(np.array([[0.2, 0.3, 0.5]], np.float32), (len(pairs), 1))
+    ncp = ncp_from_pairs(w, pairs, probs)
+    for r, s, v in zip(w.responses, w.sampled_responses, ncp):
+        expected = np.mean([1.0 if c == r else 0.8 for c in s])
+        assert v == pytest.approx(expected, abs=1e-6)
+
+
+def test_flop_count_of_deberta_large() -> None:
+    cfg = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24}
+    # 24 layers x 2 x (4 d^2 + 2 d ff) = 604 MFLOP per token from the linear layers alone.
+    assert deberta_flops(cfg, 1) == pytest.approx(24 * (2 * (4 * 1024**2 + 2 * 1024 * 4096) + 12 * 1024
+                                                        + 8 * 1024**2))
+    assert deberta_flops(cfg, 128) > 128 * deberta_flops(cfg, 1) * 0.9
+
+
+@pytest.mark.uqlm
+def test_bench_quick_writes_table_json_and_plots(ckpt_v1: Path, art_v1: Path, tmp_path: Path) -> None:
+    from fastnli.cli import main
+
+    out = tmp_path / "bench"
+    assert main(["bench", "--quick", "--checkpoint", str(ckpt_v1), "--artifact", str(art_v1), "--out",
+                 str(out)]) == 0
+    report = json.loads((out / "bench.json").read_text())
+    backends = {(r["workload"], r["backend"]) for r in report["rows"]}
+    assert ("short", "uqlm") in backends and ("short", "fastnli-int8-cpu") in backends
+    assert ("long", "pytorch-fp32-b32") in backends and ("long", "fastnli-fp32-cpu") in backends
+    for r in report["rows"]:
+        if r["backend"] in ("fastnli-fp32-cpu", "pytorch-fp32-b32"):
+            assert r["ncp_max_abs_delta"] <= 1e-4  # fp32 parity with uqlm on the same checkpoint
+        assert r["seconds"] > 0 and r["pairs"] > 0
+    assert report["peaks_gflops"]["fp32"] > 0 and report["peaks_gflops"]["int8"] > 0
+    for png in ("throughput_vs_budget.png", "latency_vs_length.png", "roofline.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| workload | backend |" in (out / "bench.md").read_text()
