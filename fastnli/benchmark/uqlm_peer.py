@@ -11,11 +11,20 @@ The working set, found by installing it (Python 3.11, Linux, CPU):
 2. ``pip install torch==2.13.0 uqlm==0.6.7 "numpy<2; python_version < '3.13'" "pyarrow<26"``.
 
 That resolves to numpy 1.26.4, pyarrow 25.0.1, transformers 4.57.x, datasets 4.x, scipy 1.17.x.
+
+``ensure_uqlm_env(with_fastnli=True)`` also installs fastnli itself there (from this source tree, with its compiled
+scheduler built against the venv's NumPy 1.26), so that uqlm's own scorers can run on fastnli's engine through
+:class:`fastnli.scorers.uqlm_adapter.FastNLI` (``run_uqlm(..., nli="fastnli")``):
+
+3. ``pip install onnxruntime>=1.18 tokenizers>=0.19 rich>=13 Cython>=3.0 setuptools>=69`` (with the pins of step 2
+   restated; the CPU ``onnxruntime`` unless ``onnxruntime-gpu`` is already there: never both);
+4. ``pip install --no-deps --no-build-isolation <staged copy of the source tree>`` (a plain, non-editable install).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -30,6 +39,10 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "CONSISTENCY_SCORERS",
+    "FASTNLI_BUILD_REQUIREMENTS",
+    "FASTNLI_RUNTIME_REQUIREMENTS",
+    "ONNXRUNTIME_PACKAGES",
     "SUPPORTED_SCORERS",
     "TORCH_REQUIREMENT",
     "UQLM_REQUIREMENTS",
@@ -62,10 +75,28 @@ SUPPORTED_SCORERS: tuple[str, ...] = (
     "semantic_sets_confidence",
 )
 
+#: The scorers of uqlm's ``ConsistencyScorer`` (``run_uqlm(..., api="consistency")``).
+CONSISTENCY_SCORERS: tuple[str, ...] = ("noncontradiction", "entailment")
+
+#: The ONNX Runtime distributions fastnli runs on; ``with_fastnli=True`` installs exactly one of them.
+ONNXRUNTIME_PACKAGES: tuple[str, ...] = ("onnxruntime", "onnxruntime-gpu")
+#: Lower bound for whichever ONNX Runtime distribution is installed (as in fastnli's own dependencies).
+ONNXRUNTIME_MIN = "1.18"
+#: fastnli's other runtime dependencies (``numpy`` is already there, pinned below 2 by uqlm).
+FASTNLI_RUNTIME_REQUIREMENTS: tuple[str, ...] = ("tokenizers>=0.19", "rich>=13")
+#: What building fastnli's Cython extension needs in the venv (it is built with ``--no-build-isolation``, against
+#: the venv's own NumPy).
+FASTNLI_BUILD_REQUIREMENTS: tuple[str, ...] = ("Cython>=3.0", "setuptools>=69")
+
 #: Environment variable naming the uqlm venv directory.
 VENV_ENV_VAR = "FASTNLI_UQLM_VENV"
 
 _MARKER_NAME = "fastnli-uqlm.json"
+_FASTNLI_MARKER_NAME = "fastnli-uqlm-fastnli.json"
+_FASTNLI_STAGE = "fastnli-src"
+#: Top-level files of the source tree that the fastnli build needs (``fastnli/`` itself is staged too).
+_FASTNLI_TOP_FILES = ("setup.py", "pyproject.toml", "README.md", "LICENSE", "MANIFEST.in")
+_GENERATED_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd", ".o", ".html")
 _LOCK_NAME = ".fastnli-uqlm.lock"
 _RUNNER = Path(__file__).with_name("_uqlm_runner.py")
 _TAIL_CHARS = 4000
@@ -79,21 +110,33 @@ _CHECK_SCRIPT = (
     "v['python'] = sys.version.split()[0]\n"
     "print(json.dumps(v))\n"
 )
+_FASTNLI_CHECK_SCRIPT = (
+    "import importlib.metadata as m, json, sys\n"
+    "import numpy, onnxruntime, tokenizers, fastnli, fastnli.kernels as k\n"
+    "from fastnli.scorers.uqlm_adapter import FastNLI\n"
+    "v = {n: m.version(n) for n in ['fastnli', 'numpy', 'tokenizers', 'rich', 'Cython', 'torch', 'uqlm']}\n"
+    "v['onnxruntime'] = onnxruntime.__version__\n"
+    "v['kernels'] = k.IMPLEMENTATION\n"
+    "v['fastnli_path'] = fastnli.__file__\n"
+    "print(json.dumps(v))\n"
+)
 
 
 @dataclass
 class UqlmResult:
-    """What one uqlm ``BlackBoxUQ.score`` run returned and cost.
+    """What one uqlm ``BlackBoxUQ.score`` (or ``ConsistencyScorer.evaluate``) run returned and cost.
 
     Attributes:
         scores: per scorer, one confidence per prompt; uqlm's NaN (and inf) come back as ``float("nan")``.
-        seconds: wall seconds of the ``score()`` call alone, measured inside the runner (no model load, no
-            warm-up, no interpreter start-up). Includes uqlm's own fixed ``time.sleep(0.1)`` per scorer family.
-        load_seconds: wall seconds to construct ``BlackBoxUQ`` (tokenizer and model load).
+        seconds: wall seconds of the ``score()`` (``evaluate()``) call alone, measured inside the runner (no model
+            load, no warm-up, no interpreter start-up). Includes uqlm's own fixed ``time.sleep(0.1)`` per scorer
+            family.
+        load_seconds: wall seconds to construct ``BlackBoxUQ`` / the NLI object (tokenizer and model load).
         uqlm_version: ``uqlm.__version__`` in the venv.
         torch_version: ``torch.__version__`` in the venv.
-        num_nli_pairs: premise/hypothesis pairs uqlm's ``NLI.predict_batch`` sent to the model during ``score()``
-            (each direction counts; uqlm's caches and its identical-string shortcut are already applied).
+        num_nli_pairs: premise/hypothesis pairs passed to the NLI object's ``predict_batch`` (uqlm's ``NLI`` or
+            fastnli's ``FastNLI``) during ``score()`` (each direction counts; uqlm's caches and its identical-string
+            shortcut are already applied).
         warmup_seconds: wall seconds of the untimed warm-up ``predict_batch`` call (0.0 without one).
         nli_calls: number of ``NLI.predict_batch`` calls during ``score()``.
         nli_seconds: wall seconds spent inside ``NLI.predict_batch`` (tokenization + forward + softmax).
@@ -103,6 +146,11 @@ class UqlmResult:
         transformers_version: ``transformers.__version__`` in the venv.
         numpy_version: ``numpy.__version__`` in the venv.
         torch_threads: ``torch.get_num_threads()`` in the runner.
+        nli: ``"uqlm"`` (uqlm's own ``NLI`` on PyTorch) or ``"fastnli"`` (``FastNLI`` on fastnli's engine).
+        api: ``"blackbox"`` (``BlackBoxUQ.score``) or ``"consistency"`` (``ConsistencyScorer.evaluate``).
+        fastnli_kernels: with ``nli="fastnli"``: ``fastnli.kernels.IMPLEMENTATION`` in the runner (``"compiled"``
+            or ``"reference"``); else ``""``.
+        fastnli_path: with ``nli="fastnli"``: the ``fastnli/__init__.py`` the runner imported; else ``""``.
     """
 
     scores: dict[str, list[float]]
@@ -119,6 +167,10 @@ class UqlmResult:
     transformers_version: str = ""
     numpy_version: str = ""
     torch_threads: int = 0
+    nli: str = "uqlm"
+    api: str = "blackbox"
+    fastnli_kernels: str = ""
+    fastnli_path: str = ""
 
 
 def default_uqlm_venv() -> Path:
@@ -198,13 +250,17 @@ def _read_marker(venv: Path) -> dict[str, Any] | None:
     return data
 
 
-def _run_step(cmd: list[str], what: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+def _run_step(
+    cmd: list[str], what: str, timeout_s: float, *, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run one install step; raise RuntimeError with the output tail if it fails."""
     logger.info("uqlm venv: %s", what)
     logger.debug("uqlm venv: running %s", " ".join(cmd))
     t = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=_clean_env(), timeout=timeout_s, check=False)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env=env or _clean_env(), cwd=cwd, timeout=timeout_s, check=False
+        )
     except subprocess.TimeoutExpired as exc:
         out = _tail(exc.stdout, exc.stderr)
         raise RuntimeError(f"uqlm venv: {what} timed out after {timeout_s:.0f} s; output tail:\n{out}") from exc
@@ -221,6 +277,9 @@ def ensure_uqlm_env(
     base_python: str | Path | None = None,
     force: bool = False,
     timeout_s: float = 1800.0,
+    with_fastnli: bool = False,
+    fastnli_source: str | Path | None = None,
+    onnxruntime: str | None = None,
 ) -> Path:
     """Create (once) the virtual environment that uqlm runs in, and return its python.
 
@@ -231,6 +290,17 @@ def ensure_uqlm_env(
     file inside the venv directory serialises concurrent callers (POSIX only). Takes about a minute on a fresh
     machine with a warm pip cache; needs the package registry.
 
+    With ``with_fastnli=True`` fastnli is installed there as well, so that uqlm's scorers can run on
+    :class:`fastnli.scorers.uqlm_adapter.FastNLI`: ONNX Runtime (one distribution, see ``onnxruntime``),
+    :data:`FASTNLI_RUNTIME_REQUIREMENTS` and :data:`FASTNLI_BUILD_REQUIREMENTS` (uqlm's pins restated), then a
+    plain ``pip install --no-deps --no-build-isolation`` of a staged copy of the source tree (``fastnli/`` plus
+    ``setup.py``, ``pyproject.toml``, ``README.md``) kept in ``<venv>/fastnli-src``, so the compiled scheduler is
+    built against the venv's NumPy 1.26 and the source checkout is never written to. The install is checked in a
+    fresh interpreter (``FASTNLI_KERNELS=compiled``: the compiled extension must import) and recorded in a second
+    marker (``fastnli-uqlm-fastnli.json``) with a fingerprint of the staged sources: an unchanged tree is reused
+    without any subprocess; a changed one is re-staged (changed files only) and reinstalled, which recompiles the
+    extension only when its own sources changed (a few seconds; 15–30 s with a recompile; 25–35 s the first time).
+
     Args:
         path: venv directory; default ``$FASTNLI_UQLM_VENV``, else ``<repo root or cwd>/.venv-uqlm``
             (see :func:`default_uqlm_venv`).
@@ -238,63 +308,284 @@ def ensure_uqlm_env(
             must exist for its Python version.
         force: reinstall even if the marker says the venv is complete. Default False.
         timeout_s: limit for each install step, in seconds. Default 1800.
+        with_fastnli: also install fastnli (see above). Default False.
+        fastnli_source: the fastnli source tree to install (holds ``setup.py`` and ``fastnli/``); default the
+            checkout this module lives in.
+        onnxruntime: ``"onnxruntime"`` (CPU) or ``"onnxruntime-gpu"``; default: the one already in the venv, else
+            ``"onnxruntime"``. Never installs the second one next to the first (they share the ``onnxruntime``
+            module).
 
     Returns:
         Path of the venv's python executable.
 
     Raises:
-        RuntimeError: venv creation, a pip install or the import check failed; the message carries the output tail.
+        RuntimeError: venv creation, a pip install or an import check failed (the message carries the output
+            tail), or ``onnxruntime`` names a different distribution than the one already installed.
+        ValueError: ``onnxruntime`` is not one of :data:`ONNXRUNTIME_PACKAGES`.
+        FileNotFoundError: ``with_fastnli`` without a fastnli source tree.
     """
     venv = Path(path).expanduser() if path is not None else default_uqlm_venv()
     venv = venv.absolute()
     python = _venv_python(venv)
+    if onnxruntime is not None and onnxruntime not in ONNXRUNTIME_PACKAGES:
+        raise ValueError(f"onnxruntime={onnxruntime!r}: choose one of {list(ONNXRUNTIME_PACKAGES)}")
+    source = _fastnli_source_root(fastnli_source) if with_fastnli else None
     if not force:
         marker = _read_marker(venv)
-        if marker is not None:
+        if marker is not None and (source is None or _fastnli_current(venv, source, onnxruntime)):
             logger.debug("uqlm venv: reusing %s (%s)", venv, marker.get("versions"))
             return python
 
     venv.mkdir(parents=True, exist_ok=True)
     with _file_lock(venv / _LOCK_NAME):
-        if not force:  # another process may have finished the install while we waited for the lock
-            marker = _read_marker(venv)
-            if marker is not None:
-                logger.debug("uqlm venv: reusing %s (%s)", venv, marker.get("versions"))
-                return python
-        t0 = time.perf_counter()
-        base = str(base_python) if base_python is not None else sys.executable
-        logger.info("uqlm venv: building %s with %s (uqlm %s)", venv, base, UQLM_VERSION)
-        (venv / _MARKER_NAME).unlink(missing_ok=True)
-        _run_step([base, "-m", "venv", str(venv)], f"create venv at {venv}", timeout_s)
-        pip = [str(python), "-m", "pip", "install", "--no-input"]
-        _run_step([*pip, TORCH_REQUIREMENT], f"pip install {TORCH_REQUIREMENT}", timeout_s)
-        _run_step(
-            [*pip, TORCH_REQUIREMENT, *UQLM_REQUIREMENTS], "pip install " + " ".join(UQLM_REQUIREMENTS), timeout_s
-        )
-        proc = _run_step([str(python), "-c", _CHECK_SCRIPT], "check `from uqlm import BlackBoxUQ`", timeout_s)
-        try:
-            versions = json.loads(proc.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError) as exc:
-            raise RuntimeError(f"uqlm venv: unexpected output of the import check:\n{_tail(proc.stdout)}") from exc
-        if versions.get("uqlm") != UQLM_VERSION:
-            raise RuntimeError(f"uqlm venv: installed uqlm {versions.get('uqlm')}, expected {UQLM_VERSION}")
-        freeze = subprocess.run(
-            [str(python), "-m", "pip", "freeze"], capture_output=True, text=True, env=_clean_env(), check=False
-        ).stdout.split()
-        seconds = time.perf_counter() - t0
-        marker_data = {
-            "requirements": _requirements(),
-            "versions": versions,
-            "freeze": freeze,
-            "base_python": base,
-            "install_seconds": round(seconds, 1),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        tmp = venv / (_MARKER_NAME + ".tmp")
-        tmp.write_text(json.dumps(marker_data, indent=1), encoding="utf-8")
-        tmp.replace(venv / _MARKER_NAME)
-        logger.info("uqlm venv: ready in %.1f s: %s", seconds, versions)
+        _ensure_base(venv, python, base_python, force, timeout_s)
+        if source is not None:
+            _ensure_fastnli(venv, python, source, onnxruntime, force, timeout_s)
     return python
+
+
+def _ensure_base(venv: Path, python: Path, base_python: str | Path | None, force: bool, timeout_s: float) -> None:
+    """The uqlm install itself (steps 1 and 2 of the module docstring); the caller holds the lock."""
+    if not force:  # another process may have finished the install while we waited for the lock
+        marker = _read_marker(venv)
+        if marker is not None:
+            logger.debug("uqlm venv: reusing %s (%s)", venv, marker.get("versions"))
+            return
+    t0 = time.perf_counter()
+    base = str(base_python) if base_python is not None else sys.executable
+    logger.info("uqlm venv: building %s with %s (uqlm %s)", venv, base, UQLM_VERSION)
+    (venv / _MARKER_NAME).unlink(missing_ok=True)
+    (venv / _FASTNLI_MARKER_NAME).unlink(missing_ok=True)
+    _run_step([base, "-m", "venv", str(venv)], f"create venv at {venv}", timeout_s)
+    pip = [str(python), "-m", "pip", "install", "--no-input"]
+    _run_step([*pip, TORCH_REQUIREMENT], f"pip install {TORCH_REQUIREMENT}", timeout_s)
+    _run_step([*pip, TORCH_REQUIREMENT, *UQLM_REQUIREMENTS], "pip install " + " ".join(UQLM_REQUIREMENTS), timeout_s)
+    proc = _run_step([str(python), "-c", _CHECK_SCRIPT], "check `from uqlm import BlackBoxUQ`", timeout_s)
+    try:
+        versions = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError) as exc:
+        raise RuntimeError(f"uqlm venv: unexpected output of the import check:\n{_tail(proc.stdout)}") from exc
+    if versions.get("uqlm") != UQLM_VERSION:
+        raise RuntimeError(f"uqlm venv: installed uqlm {versions.get('uqlm')}, expected {UQLM_VERSION}")
+    freeze = subprocess.run(
+        [str(python), "-m", "pip", "freeze"], capture_output=True, text=True, env=_clean_env(), check=False
+    ).stdout.split()
+    seconds = time.perf_counter() - t0
+    marker_data = {
+        "requirements": _requirements(),
+        "versions": versions,
+        "freeze": freeze,
+        "base_python": base,
+        "install_seconds": round(seconds, 1),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    _write_json(venv / _MARKER_NAME, marker_data)
+    logger.info("uqlm venv: ready in %.1f s: %s", seconds, versions)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _fastnli_source_root(source: str | Path | None) -> Path:
+    """The fastnli source tree to install: ``source``, else the checkout this module lives in."""
+    root = Path(source).expanduser().absolute() if source is not None else Path(__file__).resolve().parents[2]
+    if not ((root / "setup.py").is_file() and (root / "pyproject.toml").is_file() and (root / "fastnli").is_dir()):
+        raise FileNotFoundError(
+            f"with_fastnli=True needs a fastnli source tree (setup.py, pyproject.toml, fastnli/); {root} is not one; "
+            "pass fastnli_source=<path of a fastnli checkout>"
+        )
+    return root
+
+
+def _is_source_file(rel: Path) -> bool:
+    """Whether ``rel`` (relative to ``fastnli/``'s parent) is a source file, not a build product."""
+    if "__pycache__" in rel.parts or any(part.endswith(".egg-info") for part in rel.parts):
+        return False
+    return rel.suffix not in _GENERATED_SUFFIXES and not rel.name.endswith(".tmp")
+
+
+def _source_files(root: Path) -> dict[str, bytes]:
+    """The files of ``root`` that the fastnli build reads, relative path (POSIX) -> content."""
+    files: dict[str, bytes] = {}
+    for name in _FASTNLI_TOP_FILES:
+        if (root / name).is_file():
+            files[name] = (root / name).read_bytes()
+    for f in sorted((root / "fastnli").rglob("*")):
+        rel = f.relative_to(root)
+        if not f.is_file() or not _is_source_file(rel):
+            continue
+        if rel.suffix in (".c", ".cpp") and f.with_suffix(".pyx").is_file():
+            continue  # Cython output: generated again in the staged tree
+        files[rel.as_posix()] = f.read_bytes()
+    return files
+
+
+def _fingerprint(files: dict[str, bytes]) -> str:
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        h.update(rel.encode())
+        h.update(b"\0")
+        h.update(hashlib.sha256(files[rel]).digest())
+    return h.hexdigest()
+
+
+def _installed_onnxruntime(venv: Path) -> list[str]:
+    """The ONNX Runtime distributions installed in ``venv`` (from their ``.dist-info`` folders)."""
+    found = set()
+    infos = [*venv.glob("lib*/python*/site-packages/*.dist-info"), *venv.glob("Lib/site-packages/*.dist-info")]
+    for info in infos:
+        # <name>-<version>.dist-info, the name with "-" written as "_"
+        name = info.name[: -len(".dist-info")].split("-")[0].lower().replace("_", "-")
+        if name in ONNXRUNTIME_PACKAGES:
+            found.add(name)
+    return sorted(found)
+
+
+def _fastnli_requirements(ort: str) -> list[str]:
+    return [f"{ort}>={ONNXRUNTIME_MIN}", *FASTNLI_RUNTIME_REQUIREMENTS, *FASTNLI_BUILD_REQUIREMENTS]
+
+
+def _choose_onnxruntime(venv: Path, wanted: str | None) -> str:
+    installed = _installed_onnxruntime(venv)
+    if len(installed) > 1:
+        raise RuntimeError(
+            f"uqlm venv {venv} has both {installed[0]} and {installed[1]} installed; they share the onnxruntime "
+            f"module and break each other: `{_venv_python(venv)} -m pip uninstall -y {' '.join(installed)}`, then "
+            "call ensure_uqlm_env again"
+        )
+    if wanted is None:
+        return installed[0] if installed else ONNXRUNTIME_PACKAGES[0]
+    if installed and installed[0] != wanted:
+        raise RuntimeError(
+            f"onnxruntime={wanted!r} but uqlm venv {venv} already has {installed[0]}; never install both (they "
+            f"share the onnxruntime module): `{_venv_python(venv)} -m pip uninstall -y {installed[0]}` first, or "
+            f"pass onnxruntime={installed[0]!r}"
+        )
+    return wanted
+
+
+def _read_fastnli_marker(venv: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((venv / _FASTNLI_MARKER_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _fastnli_current(venv: Path, source: Path, wanted_ort: str | None) -> bool:
+    """Whether the venv's fastnli install matches ``source`` and the requested ONNX Runtime (no subprocess)."""
+    marker = _read_fastnli_marker(venv)
+    if marker is None:
+        return False
+    ort = marker.get("onnxruntime")
+    if wanted_ort is not None and ort != wanted_ort:
+        return False
+    if not isinstance(ort, str) or marker.get("requirements") != _fastnli_requirements(ort):
+        return False
+    if _installed_onnxruntime(venv) != [ort]:
+        return False
+    return marker.get("fingerprint") == _fingerprint(_source_files(source))
+
+
+def _stage(files: dict[str, bytes], stage: Path) -> int:
+    """Mirror ``files`` into ``stage``: write changed files, delete staged sources that are gone; keep build
+    products (``build/``, generated C, the compiled extension), so an unchanged extension is not recompiled.
+    Returns the number of files written or deleted."""
+    changed = 0
+    for rel, data in files.items():
+        dst = stage / rel
+        if dst.is_file() and dst.read_bytes() == data:
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(dst.name + ".tmp")
+        tmp.write_bytes(data)  # a fresh mtime: newer than any build product, so setuptools rebuilds what depends on it
+        tmp.replace(dst)
+        changed += 1
+    if (stage / "fastnli").is_dir():
+        for f in sorted((stage / "fastnli").rglob("*")):
+            staged = f.relative_to(stage)
+            if not f.is_file() or not _is_source_file(staged) or staged.as_posix() in files:
+                continue
+            if staged.suffix in (".c", ".cpp") and f.with_suffix(".pyx").is_file():
+                continue
+            f.unlink()
+            changed += 1
+    return changed
+
+
+def _ensure_fastnli(
+    venv: Path, python: Path, source: Path, wanted_ort: str | None, force: bool, timeout_s: float
+) -> None:
+    """Install fastnli from ``source`` into the uqlm venv (steps 3 and 4 of the module docstring); the caller holds
+    the lock."""
+    ort = _choose_onnxruntime(venv, wanted_ort)
+    requirements = _fastnli_requirements(ort)
+    files = _source_files(source)
+    fingerprint = _fingerprint(files)
+    marker = _read_fastnli_marker(venv) or {}
+    deps_ok = (
+        not force
+        and marker.get("onnxruntime") == ort
+        and marker.get("requirements") == requirements
+        and _installed_onnxruntime(venv) == [ort]
+    )
+    if deps_ok and marker.get("fingerprint") == fingerprint:
+        return
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    pip = [str(python), "-m", "pip", "install", "--no-input"]
+    if not deps_ok:
+        t = time.perf_counter()
+        _run_step(
+            [*pip, TORCH_REQUIREMENT, *UQLM_REQUIREMENTS, *requirements],
+            "pip install " + " ".join(requirements),
+            timeout_s,
+            cwd=venv,
+        )
+        timings["deps_seconds"] = round(time.perf_counter() - t, 1)
+    stage = venv / _FASTNLI_STAGE
+    t = time.perf_counter()
+    changed = _stage(files, stage)
+    _run_step(
+        [*pip, "--no-deps", "--no-build-isolation", "--force-reinstall", str(stage)],
+        f"pip install fastnli from {source} ({changed} staged files changed)",
+        timeout_s,
+        cwd=venv,
+    )
+    timings["build_seconds"] = round(time.perf_counter() - t, 1)
+    # A fresh interpreter outside the source tree: the installed package, with its compiled scheduler.
+    proc = _run_step(
+        [str(python), "-c", _FASTNLI_CHECK_SCRIPT],
+        "check `import fastnli` (with its compiled kernels) in the venv",
+        timeout_s,
+        cwd=venv,
+        env=_clean_env({"FASTNLI_KERNELS": "compiled"}),
+    )
+    try:
+        versions = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError) as exc:
+        raise RuntimeError(f"uqlm venv: unexpected output of the fastnli check:\n{_tail(proc.stdout)}") from exc
+    installed_at = Path(str(versions.get("fastnli_path", ""))).resolve()
+    if venv.resolve() not in installed_at.parents or stage.resolve() in installed_at.parents:
+        raise RuntimeError(f"uqlm venv: fastnli imports from {installed_at}, not from the venv's site-packages")
+    timings["total_seconds"] = round(time.perf_counter() - t0, 1)
+    _write_json(
+        venv / _FASTNLI_MARKER_NAME,
+        {
+            "source": str(source),
+            "fingerprint": fingerprint,
+            "onnxruntime": ort,
+            "requirements": requirements,
+            "versions": versions,
+            "install": timings,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        },
+    )
+    logger.info("uqlm venv: fastnli installed in %.1f s: %s", timings["total_seconds"], versions)
 
 
 def run_uqlm(
@@ -310,6 +601,9 @@ def run_uqlm(
     max_length: int = 2000,
     torch_threads: int | None = None,
     warmup: bool = True,
+    nli: str = "uqlm",
+    api: str = "blackbox",
+    fastnli_precision: str = "fp32",
 ) -> UqlmResult:
     """Score ``responses`` against ``sampled_responses`` with uqlm's ``BlackBoxUQ`` on CPU, in uqlm's own venv.
 
@@ -318,8 +612,17 @@ def run_uqlm(
     ``HF_HUB_OFFLINE=1``, ``TRANSFORMERS_OFFLINE=1`` and ``CUDA_VISIBLE_DEVICES=""``. The caller's lists are never
     mutated (uqlm itself rewrites its inputs in place when ``use_best`` applies).
 
+    With ``api="consistency"`` it runs uqlm's ``ConsistencyScorer(nli=<NLI object>, scorers=...,
+    use_best=...).evaluate(responses, sampled_responses)`` instead (scorers: :data:`CONSISTENCY_SCORERS`; with
+    ``use_best`` the scorer clusters by itself). With ``nli="fastnli"`` the NLI object is fastnli's
+    ``FastNLI(checkpoint_dir, device="cpu", precision=fastnli_precision, max_length=max_length)``, the one-line
+    switch, so the venv must hold fastnli (:func:`ensure_uqlm_env` with ``with_fastnli=True``, which is what
+    happens when ``python`` is not given); for ``BlackBoxUQ`` it replaces the ``NLI`` that uqlm would build.
+
     Args:
-        checkpoint_dir: local Hugging Face sequence-classification checkpoint (needs ``config.json``).
+        checkpoint_dir: with ``nli="uqlm"``: local Hugging Face sequence-classification checkpoint (needs
+            ``config.json``); with ``nli="fastnli"``: a fastnli export artifact (needs ``manifest.json``, see
+            :func:`fastnli.engine.export`; the uqlm venv has no export dependencies).
         responses: one original response per prompt.
         sampled_responses: the sampled responses of each prompt (uqlm normalises entropies with the count of the
             first prompt's samples).
@@ -334,26 +637,42 @@ def run_uqlm(
         warmup: run one uncounted, untimed ``NLI.predict_batch`` call (two pairs) before ``score()`` so that
             ``seconds`` excludes torch's one-off first-call initialisation. Default True. Scores are unaffected
             (``predict_batch`` does not fill uqlm's NLI cache).
+        nli: ``"uqlm"`` (default: uqlm's own ``NLI``) or ``"fastnli"`` (fastnli's ``FastNLI``).
+        api: ``"blackbox"`` (default: ``BlackBoxUQ.score``) or ``"consistency"`` (``ConsistencyScorer.evaluate``).
+        fastnli_precision: the engine precision with ``nli="fastnli"`` (``"fp32"``, ``"int8"``, ...). Default
+            ``"fp32"``.
 
     Returns:
         The scores, timings (``seconds`` excludes model load) and the NLI pair count.
 
     Raises:
-        FileNotFoundError: ``checkpoint_dir`` is not a directory with a ``config.json``.
-        ValueError: unknown scorer, empty input, or ``responses`` and ``sampled_responses`` of different lengths.
+        FileNotFoundError: ``checkpoint_dir`` is not a directory with a ``config.json`` (``manifest.json`` with
+            ``nli="fastnli"``).
+        ValueError: unknown scorer, ``nli`` or ``api``, empty input, or ``responses`` and ``sampled_responses`` of
+            different lengths.
         RuntimeError: the runner failed or timed out (message carries its stderr tail), or the venv build failed.
     """
+    if nli not in ("uqlm", "fastnli"):
+        raise ValueError(f"nli={nli!r}: choose 'uqlm' (uqlm's own NLI) or 'fastnli' (fastnli's FastNLI)")
+    if api not in ("blackbox", "consistency"):
+        raise ValueError(f"api={api!r}: choose 'blackbox' (BlackBoxUQ) or 'consistency' (ConsistencyScorer)")
     checkpoint = Path(checkpoint_dir).expanduser()
     if not checkpoint.is_dir():
         raise FileNotFoundError(f"NLI checkpoint directory does not exist: {checkpoint}")
-    if not (checkpoint / "config.json").is_file():
+    if nli == "uqlm" and not (checkpoint / "config.json").is_file():
         raise FileNotFoundError(f"NLI checkpoint directory has no config.json: {checkpoint}")
+    if nli == "fastnli" and not (checkpoint / "manifest.json").is_file():
+        raise FileNotFoundError(
+            f"nli='fastnli' needs a fastnli export artifact (manifest.json), which {checkpoint} is not; export the "
+            "checkpoint first with fastnli.engine.export (the uqlm venv cannot export)"
+        )
     scorer_list = list(scorers)
     if not scorer_list:
         raise ValueError("at least one scorer is required")
-    unknown = [s for s in scorer_list if s not in SUPPORTED_SCORERS]
+    supported = SUPPORTED_SCORERS if api == "blackbox" else CONSISTENCY_SCORERS
+    unknown = [s for s in scorer_list if s not in supported]
     if unknown:
-        raise ValueError(f"unsupported uqlm scorer(s) {unknown}; supported: {list(SUPPORTED_SCORERS)}")
+        raise ValueError(f"unsupported uqlm scorer(s) {unknown} for api={api!r}; supported: {list(supported)}")
     if not responses:
         raise ValueError("responses must not be empty")
     if len(responses) != len(sampled_responses):
@@ -361,7 +680,7 @@ def run_uqlm(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
 
-    py = Path(python) if python is not None else ensure_uqlm_env()
+    py = Path(python) if python is not None else ensure_uqlm_env(with_fastnli=nli == "fastnli")
     request = {
         "checkpoint_dir": str(checkpoint.resolve()),
         "responses": [str(r) for r in responses],
@@ -372,6 +691,9 @@ def run_uqlm(
         "max_length": int(max_length),
         "torch_threads": torch_threads,
         "warmup": bool(warmup),
+        "nli": nli,
+        "api": api,
+        "fastnli_precision": fastnli_precision,
     }
     env = _clean_env(
         {
@@ -388,11 +710,13 @@ def run_uqlm(
         req_path.write_text(json.dumps(request), encoding="utf-8")
         cmd = [str(py), str(_RUNNER), str(req_path), str(resp_path)]
         logger.info(
-            "uqlm: scoring %d prompts with %s (use_best=%s, batch_size=%d)",
+            "uqlm: scoring %d prompts with %s (use_best=%s, batch_size=%d, nli=%s, api=%s)",
             len(responses),
             scorer_list,
             use_best,
             batch_size,
+            nli,
+            api,
         )
         t = time.perf_counter()
         try:
@@ -427,4 +751,8 @@ def run_uqlm(
         transformers_version=str(out.get("transformers_version", "")),
         numpy_version=str(out.get("numpy_version", "")),
         torch_threads=int(out.get("torch_threads", 0)),
+        nli=str(out.get("nli", nli)),
+        api=str(out.get("api", api)),
+        fastnli_kernels=str(out.get("fastnli_kernels", "")),
+        fastnli_path=str(out.get("fastnli_path", "")),
     )

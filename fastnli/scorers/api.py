@@ -8,6 +8,7 @@ scorers then read the probabilities back (:mod:`fastnli.scorers.formulas`).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -20,6 +21,10 @@ from fastnli.scorers import formulas
 
 SCORERS: tuple[str, ...] = ("noncontradiction", "entailment", "semantic_negentropy", "semantic_sets_confidence")
 _SEMANTIC = {"semantic_negentropy", "semantic_sets_confidence"}
+#: uqlm's ``max_length``: NLI sees at most this many characters of each text (uqlm 0.6.7 cuts before tokenising).
+UQLM_MAX_LENGTH = 2000
+
+logger = logging.getLogger("fastnli")
 
 
 @dataclass
@@ -125,24 +130,30 @@ class _Prompt:
     index: np.ndarray  # (k, k) global pair index, -1 where not needed
 
 
-def _plan(responses: Sequence[str], samples: Sequence[Sequence[str]], full: bool
+def _plan(responses: Sequence[str], samples: Sequence[Sequence[str]], full: bool, max_length: int | None = None
           ) -> tuple[list[tuple[str, str]], list[_Prompt]]:
+    """All directed pairs the scorers need, and each prompt's map into them.
+
+    Identity (which texts are "the same string", scored 1 without the model) is decided on the full texts; the
+    pairs sent to the engine carry the texts cut to ``max_length`` characters, as uqlm's NLI cuts them.
+    """
     pairs: list[tuple[str, str]] = []
     prompts = []
     for r, s in zip(responses, samples):
         texts = [r, *s]
         uniq = list(dict.fromkeys(texts))
         row = {t: u for u, t in enumerate(uniq)}
+        cut = uniq if max_length is None else [t[:max_length] for t in uniq]
         k = len(uniq)
         index = np.full((k, k), -1, dtype=np.int64)
         for a in range(k) if full else (0,):
             for b in range(k) if full else range(1, k):
                 if a != b:
                     index[a, b] = len(pairs)
-                    pairs.append((uniq[a], uniq[b]))
+                    pairs.append((cut[a], cut[b]))
                     if not full:
                         index[b, a] = len(pairs)
-                        pairs.append((uniq[b], uniq[a]))
+                        pairs.append((cut[b], cut[a]))
         prompts.append(_Prompt(texts, uniq, [row[t] for t in texts], index))
     return pairs, prompts
 
@@ -156,6 +167,97 @@ def _matrix(p: _Prompt, probs: np.ndarray) -> np.ndarray:
     return P
 
 
+@dataclass
+class ScorePlan:
+    """The directed pairs a set of responses needs, and how to read the scorers back from their probabilities.
+
+    Made by :func:`plan_scores`; ``pairs`` go to any engine (or a service's shared batcher) and
+    :func:`score_rows` turns the probabilities, row ``i`` for ``pairs[i]``, into :class:`ScoreRow` s.
+    """
+
+    pairs: list[tuple[str, str]]
+    prompts: list[_Prompt] = field(repr=False)
+    scorers: tuple[str, ...]
+    use_best: bool = False
+    return_matrix: bool = False
+
+
+def _check_max_length(max_length: int | None) -> None:
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+        raise ValueError(f"max_length must be a positive number of characters or None; got {max_length!r}")
+
+
+def _build_plan(responses: Sequence[str], sampled_responses: Sequence[Sequence[str]], scorer_set: tuple[str, ...],
+                use_best: bool, return_matrix: bool, max_length: int | None) -> ScorePlan:
+    full = bool(_SEMANTIC & set(scorer_set)) or return_matrix
+    pairs, prompts = _plan(responses, sampled_responses, full, max_length)
+    if max_length is not None and any(len(t) > max_length for p in prompts for t in p.uniq):
+        logger.info("texts longer than max_length=%d characters are cut before NLI (as uqlm does)", max_length)
+    return ScorePlan(pairs, prompts, scorer_set, use_best, return_matrix)
+
+
+def plan_scores(
+    responses: Sequence[str],
+    sampled_responses: Sequence[Sequence[str]],
+    scorers: Sequence[str] = ("noncontradiction",),
+    use_best: bool = False,
+    return_matrix: bool = False,
+    max_length: int | None = UQLM_MAX_LENGTH,
+) -> ScorePlan:
+    """Validate the inputs and plan the NLI pairs of :func:`score` without running an engine.
+
+    Arguments and defaults are :func:`score`'s. ``score_rows(plan, engine.predict(plan.pairs))`` gives the same
+    rows as ``score(...)``; a service uses it to send the pairs of many requests through one shared batcher.
+
+    Raises:
+        TypeError / ValueError: as :func:`score`, naming the offending index and field.
+    """
+    scorer_set = _check_scorers(scorers)
+    validate_inputs(responses, sampled_responses)
+    _check_max_length(max_length)
+    return _build_plan(responses, sampled_responses, scorer_set, use_best, return_matrix, max_length)
+
+
+def score_rows(plan: ScorePlan, probs: np.ndarray) -> list[ScoreRow]:
+    """The scorers of ``plan`` from the probabilities ``(len(plan.pairs), 3)`` (contradiction, neutral, entailment).
+
+    Raises:
+        ValueError: when ``probs`` does not have one row per planned pair.
+    """
+    probs = np.asarray(probs)
+    if probs.shape != (len(plan.pairs), 3):
+        raise ValueError(f"probs has shape {probs.shape}; the plan needs ({len(plan.pairs)}, 3), one row per pair")
+    scorer_set = plan.scorers
+    semantic = bool(_SEMANTIC & set(scorer_set))
+    rows = []
+    for i, p in enumerate(plan.prompts):
+        P = _matrix(p, probs)
+        m = len(p.texts) - 1
+        row = ScoreRow(index=i, response=p.texts[0], num_samples=m)
+        anchor = 0
+        if semantic:
+            clusters = formulas.cluster(P, p.pos)
+            neg, sets_conf, n_sets = formulas.semantic_scores(clusters, m)
+            if "semantic_negentropy" in scorer_set:
+                row.semantic_negentropy = neg
+            if "semantic_sets_confidence" in scorer_set:
+                row.semantic_sets_confidence = sets_conf
+            row.num_semantic_sets = n_sets
+            if plan.use_best:
+                row.best_response = formulas.best_response(p.texts, clusters)
+                anchor = p.texts.index(row.best_response)
+        if {"noncontradiction", "entailment"} & set(scorer_set):
+            nc, en = formulas.noncontradiction_and_entailment(P, p.pos, anchor)
+            if "noncontradiction" in scorer_set:
+                row.noncontradiction = nc
+            if "entailment" in scorer_set:
+                row.entailment = en
+        if plan.return_matrix:
+            row.matrix, row.matrix_texts = P, p.uniq
+        rows.append(row)
+    return rows
+
+
 def score(
     responses: Sequence[str],
     sampled_responses: Sequence[Sequence[str]],
@@ -164,6 +266,7 @@ def score(
     use_best: bool = False,
     return_matrix: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    max_length: int | None = UQLM_MAX_LENGTH,
 ) -> ScoreResult:
     """Score each response against its sampled responses with NLI-based consistency scorers.
 
@@ -181,6 +284,9 @@ def score(
         return_matrix: attach each prompt's pairwise probability matrix (distinct texts × distinct texts × 3, in
             the order contradiction, neutral, entailment; identical texts get (0, 0, 1)). Computes all pairs.
         progress: called after each engine batch with ``(pairs in that batch, pairs to score in all)``.
+        max_length: as uqlm's ``max_length``: the model sees at most this many characters of each text (default
+            2000, uqlm's default; uqlm cuts before tokenising, which changes what a long text keeps under the
+            model's token limit). Identical texts are still recognised on the full strings. ``None``: no cut.
 
     Returns:
         A :class:`ScoreResult` with one :class:`ScoreRow` per response, in input order.
@@ -190,35 +296,9 @@ def score(
     validate_inputs(responses, sampled_responses)
     if engine is None:
         engine = NLIEngine.from_pretrained()
-    semantic = bool(_SEMANTIC & set(scorer_set))
-    full = semantic or return_matrix
-    pairs, prompts = _plan(responses, sampled_responses, full)
-    probs, stats = engine.predict_with_stats(pairs, progress)  # the one scheduled engine pass
-    rows = []
-    for i, p in enumerate(prompts):
-        P = _matrix(p, probs)
-        m = len(p.texts) - 1
-        row = ScoreRow(index=i, response=p.texts[0], num_samples=m)
-        anchor = 0
-        if semantic:
-            clusters = formulas.cluster(P, p.pos)
-            neg, sets_conf, n_sets = formulas.semantic_scores(clusters, m)
-            if "semantic_negentropy" in scorer_set:
-                row.semantic_negentropy = neg
-            if "semantic_sets_confidence" in scorer_set:
-                row.semantic_sets_confidence = sets_conf
-            row.num_semantic_sets = n_sets
-            if use_best:
-                row.best_response = formulas.best_response(p.texts, clusters)
-                anchor = p.texts.index(row.best_response)
-        if {"noncontradiction", "entailment"} & set(scorer_set):
-            nc, en = formulas.noncontradiction_and_entailment(P, p.pos, anchor)
-            if "noncontradiction" in scorer_set:
-                row.noncontradiction = nc
-            if "entailment" in scorer_set:
-                row.entailment = en
-        if return_matrix:
-            row.matrix, row.matrix_texts = P, p.uniq
-        rows.append(row)
+    _check_max_length(max_length)
+    plan = _build_plan(responses, sampled_responses, scorer_set, use_best, return_matrix, max_length)
+    probs, stats = engine.predict_with_stats(plan.pairs, progress)  # the one scheduled engine pass
+    rows = score_rows(plan, probs)
     return ScoreResult(rows=rows, scorers=scorer_set, stats=stats, device=engine.device,
                        precision=engine.precision, seconds=time.perf_counter() - t0)
