@@ -97,7 +97,7 @@ def _run(args: argparse.Namespace) -> int:
     logger.info("GEMM peaks (ORT, this machine): %s", {k: round(v) for k, v in peaks.items()})
     makers = {
         "short": lambda: short_workload(40 if args.quick else 200, 5),
-        "long": lambda: long_workload(4 if args.quick else 12, 3 if args.quick else 4),
+        "long": lambda: long_workload(4 if args.quick else 6, 3),
         "mixed": lambda: mixed_workload(30 if args.quick else 100, 5),
     }
     rows = []
@@ -105,8 +105,11 @@ def _run(args: argparse.Namespace) -> int:
         for name in [w.strip() for w in args.workloads.split(",") if w.strip()]:
             if name not in makers:
                 raise ValueError(f"--workloads: unknown {name!r}; choose from {sorted(makers)}")
-            rows += run_workload(makers[name](), ck, artifact, config, peaks, backends,
-                                 status=lambda m: status.update(m))
+            def stage(msg: str) -> None:
+                status.update(msg)
+                logger.info("bench: %s", msg)
+
+            rows += run_workload(makers[name](), ck, artifact, config, peaks, backends, status=stage)
         notes = ["Times: wall-clock seconds of the scoring call after a warm-up; model loading excluded for all.",
                  "uqlm: BlackBoxUQ(scorers=['noncontradiction']) in its own venv (uqlm 0.6.7, PyTorch fp32, batch 32).",
                  "Seeded random weights: fidelity figures (|Δ NCP|, argmax agreement) of INT8/FP16 are weak "

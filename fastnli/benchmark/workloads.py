@@ -74,7 +74,7 @@ def short_workload(prompts: int = 200, samples: int = 5, seed: int = 0) -> Workl
     return _ncp("short", prompts, samples, seed, _short_answer)
 
 
-def long_workload(prompts: int = 12, samples: int = 4, seed: int = 1) -> Workload:
+def long_workload(prompts: int = 6, samples: int = 3, seed: int = 1) -> Workload:
     """Paragraph answers of 2–6 sentences (sized so the PyTorch peers finish in about a minute)."""
     return _ncp("long", prompts, samples, seed, _paragraph)
 
