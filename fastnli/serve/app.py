@@ -1,0 +1,577 @@
+"""The Starlette application of ``fastnli serve``: endpoints, limits, errors, metrics, lifespan.
+
+Every scoring endpoint does the same four steps: read the body under ``max_body_bytes`` → validate (errors name the
+field; 422 for shape, 413 for size) → plan its NLI pairs and submit them, as one job, to the shared
+:class:`~fastnli.serve.batcher.DynamicBatcher` → await the job's rows (bounded by ``request_timeout_s``; a client that
+disconnects first has its job dropped if it is not in an engine pass yet) and compute the answer from them with the
+library's own code (:func:`fastnli.scorers.api.score_rows`, :func:`fastnli.calm.checks.check_answers`), so the
+service answers exactly what the library computes.
+
+Errors use TEI's body form ``{"error": str, "error_type": str}``: 413/422 ``Validation``, 429 ``Overloaded`` (with
+``Retry-After``), 503 ``Unhealthy`` (model loading or shutting down, with ``Retry-After``), 504 ``Timeout``, 500
+``Backend`` (the engine raised).
+
+``POST /predict`` follows text-embeddings-inference's sequence-classification route. TEI's ``raw_scores: true``
+returns logits; the engine returns probabilities only, so the service returns **natural-log probabilities** as raw
+scores: ``log softmax(logits) = logits - logsumexp(logits)``, i.e. the logits shifted by one constant per input, so
+their order and their softmax (the probabilities) are those of the logits (a probability that underflows float32 to 0
+is clamped to ``log(1.18e-38) ≈ -87.3``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, fields
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from fastnli.calm.checks import AnswerInput, CheckConfig, check_answers
+from fastnli.calm.documents import Document, as_document
+from fastnli.engine.labels import CANONICAL_LABELS
+from fastnli.scorers.api import SCORERS, ScorePlan, plan_scores, score_rows
+from fastnli.serve.batcher import DynamicBatcher, EngineLike, Overloaded, ShuttingDown
+from fastnli.serve.config import ENV_VARS, ServeConfig
+from fastnli.serve.metrics import CONTENT_TYPE, ServeMetrics
+from fastnli.serve.openapi import openapi_document
+from fastnli.serve.validate import (
+    ApiError,
+    check_pair_count,
+    check_text,
+    parse_pairs,
+    parse_tei_inputs,
+    require_bool,
+    require_list,
+    require_object,
+    require_str,
+)
+
+__all__ = ["ServeState", "create_app"]
+
+logger = logging.getLogger("fastnli")
+
+EngineFactory = Callable[[], EngineLike]
+_CHECK_FIELDS = {f.name for f in fields(CheckConfig)}
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+@dataclass
+class ServeState:
+    """What the running app holds: config, metrics, and (once loaded) the engine and its batcher."""
+
+    config: ServeConfig
+    metrics: ServeMetrics = field(default_factory=ServeMetrics)
+    engine: Any = None
+    batcher: DynamicBatcher | None = None
+    load_error: str | None = None
+    closing: bool = False
+    started: float = field(default_factory=time.time)
+    _tokenizer: Any = None
+    _tokenizer_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # -- engine facts -------------------------------------------------------------------------------------------
+    @property
+    def manifest(self) -> Any:
+        return getattr(self.engine, "manifest", None)
+
+    @property
+    def model_id(self) -> str:
+        return str(getattr(self.manifest, "source", None) or type(self.engine).__name__)
+
+    @property
+    def max_length(self) -> int:
+        value = getattr(self.manifest, "max_length", None)
+        return int(value) if isinstance(value, int) and value > 0 else 512
+
+    def label_names(self) -> list[str]:
+        """The checkpoint's own label name of each canonical column (contradiction, neutral, entailment)."""
+        m = self.manifest
+        id2label, columns = getattr(m, "id2label", None), getattr(m, "columns", None)
+        if not id2label or not columns:
+            return list(CANONICAL_LABELS)
+        return [str(id2label.get(str(c), id2label.get(c, CANONICAL_LABELS[i]))) for i, c in enumerate(columns)]
+
+    def untruncated_lengths(self, pairs: Sequence[tuple[str, str]]) -> list[int] | None:
+        """Tokens of each pair without truncation (special tokens included); None when the engine has no
+        ``tokenizer.json`` (a stub engine)."""
+        artifact = getattr(self.engine, "artifact_dir", None)
+        if artifact is None or not (artifact / "tokenizer.json").is_file():
+            return None
+        with self._tokenizer_lock:
+            if self._tokenizer is None:
+                from tokenizers import Tokenizer
+
+                tok = Tokenizer.from_file(str(artifact / "tokenizer.json"))
+                tok.no_truncation()
+                tok.no_padding()
+                self._tokenizer = tok
+        return [len(e.ids) for e in self._tokenizer.encode_batch(list(pairs), add_special_tokens=True)]
+
+    def info(self) -> dict[str, Any]:
+        e = self.engine
+        return {"model_id": self.model_id, "device": getattr(e, "device", None),
+                "precision": getattr(e, "precision", None), "providers": list(getattr(e, "providers", []) or []),
+                "labels": list(CANONICAL_LABELS), "id2label": self.label_names(), "max_input_length": self.max_length}
+
+
+# -- helpers ----------------------------------------------------------------------------------------------------
+def _error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse({"error": exc.message, "error_type": exc.error_type}, status_code=exc.status,
+                        headers=exc.headers)
+
+
+async def _read_json(request: Request, config: ServeConfig) -> Any:
+    limit = config.max_body_bytes
+    too_big = (f"request body is larger than {limit} bytes, the limit ({ENV_VARS['max_body_bytes']}); split the "
+               "request")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body is {int(declared)} bytes; the limit is {limit} "
+                            f"({ENV_VARS['max_body_bytes']}); split the request")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, too_big)
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    if not body.strip():
+        raise ApiError(422, "request body is empty; send a JSON object")
+    try:
+        return json.loads(body)
+    except UnicodeDecodeError:
+        raise ApiError(422, "request body is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise ApiError(422, f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") \
+            from None
+
+
+async def _wait_disconnect(request: Request) -> None:
+    """Return when the client disconnects (the body has been read, so ``receive`` only reports a disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _ready(state: ServeState) -> DynamicBatcher:
+    if state.batcher is None:
+        if state.load_error:
+            raise ApiError(503, f"the model failed to load: {state.load_error}", "Unhealthy")
+        raise ApiError(503, "the model is still loading; GET /ready says when it is", "Unhealthy",
+                       {"Retry-After": str(max(1, state.config.retry_after_s))})
+    return state.batcher
+
+
+async def _run_pairs(state: ServeState, request: Request, pairs: list[tuple[str, str]]) -> np.ndarray:
+    """Submit one request's pairs to the shared batcher and await its rows (timeout, disconnect, overload)."""
+    batcher = _ready(state)
+    cfg = state.config
+    try:
+        fut = batcher.submit(pairs)
+    except Overloaded as exc:
+        raise ApiError(429, str(exc), "Overloaded", {"Retry-After": str(cfg.retry_after_s)}) from None
+    except ShuttingDown as exc:
+        raise ApiError(503, str(exc), "Unhealthy", {"Retry-After": str(max(1, cfg.retry_after_s))}) from None
+    if fut.done():
+        return fut.result()
+    result = asyncio.wrap_future(fut)
+    gone = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        waiters: set[asyncio.Future[Any]] = {result, gone}
+        done, _ = await asyncio.wait(waiters, timeout=cfg.request_timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if result in done:
+            return result.result()
+        reason = "disconnect" if gone in done else "timeout"
+        dropped = fut.cancel()  # True: not in an engine pass yet, so its work is dropped
+        if dropped:
+            state.metrics.dropped.inc(reason)
+        if reason == "disconnect":
+            raise _ClientGone()
+        raise ApiError(504, f"no result within {cfg.request_timeout_s:g} s ({ENV_VARS['request_timeout_s']}); "
+                            + ("the request was dropped before its engine pass" if dropped
+                               else "its engine pass was still running"), "Timeout")
+    finally:
+        gone.cancel()
+        if not result.done():
+            result.cancel()
+
+
+def _labelled(names: Sequence[str], scores: np.ndarray) -> list[dict[str, Any]]:
+    order = np.argsort(-scores, kind="stable")
+    return [{"label": names[j], "score": float(scores[j])} for j in order]
+
+
+# -- endpoints --------------------------------------------------------------------------------------------------
+async def _nli(state: ServeState, request: Request) -> Response:
+    pairs = parse_pairs(await _read_json(request, state.config), state.config)
+    probs = await _run_pairs(state, request, pairs)
+    labels = list(CANONICAL_LABELS)
+    results = []
+    for row in probs:
+        results.append({"label": labels[int(np.argmax(row))],
+                        "probabilities": {lab: float(x) for lab, x in zip(labels, row)}})
+    return JSONResponse({"results": results, "labels": labels, "model": state.model_id,
+                         "device": getattr(state.engine, "device", None),
+                         "precision": getattr(state.engine, "precision", None)})
+
+
+def _where(prefix: str) -> str:
+    """``"request body"`` or ``"request body[i]"`` for the item of a batched body whose field prefix is ``"[i]."``."""
+    return f"request body{prefix[:-1]}" if prefix else "request body"
+
+
+def _ncp_item(item: Any, prefix: str, config: ServeConfig) -> ScorePlan:
+    where = _where(prefix)
+    obj = require_object(item, where)
+    for key in ("response", "sampled_responses"):
+        if key not in obj:
+            raise ApiError(422, f"field '{prefix}{key}' is missing; send {{\"response\": str, "
+                                "\"sampled_responses\": [str, ...]}")
+    response = check_text(require_str(obj["response"], f"field '{prefix}response'"), f"field '{prefix}response'",
+                          config)
+    samples = require_list(obj["sampled_responses"], f"field '{prefix}sampled_responses'", "strings")
+    if not samples:
+        raise ApiError(422, f"field '{prefix}sampled_responses' is empty; give at least one sampled response")
+    for j, s in enumerate(samples):
+        check_text(require_str(s, f"{prefix}sampled_responses[{j}]"), f"{prefix}sampled_responses[{j}]", config)
+    scorers: Any = obj.get("scorers", ["noncontradiction"])
+    if isinstance(scorers, str):
+        scorers = [scorers]
+    scorers = require_list(scorers, f"field '{prefix}scorers'", "scorer names")
+    bad = [s for s in scorers if s not in SCORERS]
+    if bad or not scorers:
+        raise ApiError(422, f"field '{prefix}scorers' has unknown scorers {bad}; choose from {list(SCORERS)}")
+    use_best = require_bool(obj.get("use_best", False), f"field '{prefix}use_best'")
+    unknown = sorted(set(obj) - {"response", "sampled_responses", "scorers", "use_best"})
+    if unknown:
+        raise ApiError(422, f"{where} has unknown fields {unknown}; allowed: response, sampled_responses, scorers, "
+                            "use_best")
+    try:
+        return plan_scores([response], [samples], scorers=scorers, use_best=use_best)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(422, f"{where}: {exc}") from None
+
+
+async def _ncp(state: ServeState, request: Request) -> Response:
+    body = await _read_json(request, state.config)
+    batched = isinstance(body, list)
+    items = body if batched else [body]
+    plans = [_ncp_item(item, f"[{i}]." if batched else "", state.config)
+             for i, item in enumerate(items)]
+    n_pairs = sum(len(p.pairs) for p in plans)
+    check_pair_count(n_pairs, "the request needs", state.config)
+    probs = await _run_pairs(state, request, [pair for p in plans for pair in p.pairs])
+    out, offset = [], 0
+    for plan in plans:
+        row = score_rows(plan, probs[offset:offset + len(plan.pairs)])[0]
+        offset += len(plan.pairs)
+        d = row.to_dict()
+        for key in ("index", "response"):
+            d.pop(key, None)
+        d["scorers"] = list(plan.scorers)
+        out.append(d)
+    return JSONResponse(out if batched else out[0])
+
+
+class _Recorder:
+    """An engine stand-in that records the pairs ``check_answers`` plans (and answers zeros)."""
+
+    device, precision = "recorder", "none"
+
+    def __init__(self, max_length: int) -> None:
+        self.manifest = SimpleNamespace(max_length=max_length)
+        self.pairs: list[tuple[str, str]] = []
+
+    def predict_with_stats(self, pairs: Sequence[tuple[str, str]]) -> tuple[np.ndarray, Any]:
+        self.pairs = list(pairs)
+        return np.zeros((len(self.pairs), 3), dtype=np.float32), None
+
+
+class _Replay:
+    """An engine stand-in that answers the planned pairs with the probabilities the batcher returned."""
+
+    def __init__(self, pairs: list[tuple[str, str]], probs: np.ndarray, max_length: int, device: str,
+                 precision: str) -> None:
+        self.manifest = SimpleNamespace(max_length=max_length)
+        self.pairs, self.probs = pairs, probs
+        self.device, self.precision = device, precision
+
+    def predict_with_stats(self, pairs: Sequence[tuple[str, str]]) -> tuple[np.ndarray, Any]:
+        if list(pairs) != self.pairs:
+            raise RuntimeError("check_answers planned different pairs on replay; the checks are not deterministic")
+        return self.probs, None
+
+
+def _calm_item(item: Any, prefix: str, config: ServeConfig) -> tuple[AnswerInput, CheckConfig]:
+    where = _where(prefix)
+    obj = require_object(item, where)
+    allowed = {"answer", "documents", "verifier_answer", "config"}
+    unknown = sorted(set(obj) - allowed)
+    if unknown:
+        raise ApiError(422, f"{where} has unknown fields {unknown}; allowed: {sorted(allowed)}")
+    if "answer" not in obj:
+        raise ApiError(422, f"field '{prefix}answer' is missing; send {{\"answer\": str, \"documents\": [...], "
+                            "\"verifier_answer\": str}")
+    answer = check_text(require_str(obj["answer"], f"field '{prefix}answer'"), f"field '{prefix}answer'", config)
+    docs_raw = require_list(obj.get("documents", []), f"field '{prefix}documents'",
+                            "documents (strings or {\"title\", \"text\"} objects)")
+    docs: list[Document] = []
+    for j, d in enumerate(docs_raw):
+        try:
+            doc = as_document(d, f"{prefix}documents[{j}]")
+        except (TypeError, ValueError) as exc:
+            raise ApiError(422, str(exc)) from None
+        check_text(doc.text, f"{prefix}documents[{j}].text", config)
+        check_text(doc.title, f"{prefix}documents[{j}].title", config)
+        docs.append(doc)
+    verifier = obj.get("verifier_answer")
+    if verifier is not None:
+        verifier = check_text(require_str(verifier, f"field '{prefix}verifier_answer'"),
+                              f"field '{prefix}verifier_answer'", config)
+    cfg_raw = require_object(obj.get("config", {}), f"field '{prefix}config'")
+    bad = sorted(set(cfg_raw) - _CHECK_FIELDS)
+    if bad:
+        raise ApiError(422, f"field '{prefix}config' has unknown keys {bad}; allowed: {sorted(_CHECK_FIELDS)}")
+    try:
+        check_config = CheckConfig(**cfg_raw)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(422, f"field '{prefix}config': {exc}") from None
+    return AnswerInput(answer=answer, documents=docs, verifier_answer=verifier), check_config
+
+
+async def _calm_check(state: ServeState, request: Request) -> Response:
+    body = await _read_json(request, state.config)
+    batched = isinstance(body, list)
+    items = [_calm_item(it, f"[{i}]." if batched else "", state.config)
+             for i, it in enumerate(body if batched else [body])]
+    _ready(state)
+    max_length = state.max_length
+
+    def record() -> list[list[tuple[str, str]]]:
+        planned = []
+        for answer, cfg in items:
+            rec = _Recorder(max_length)
+            check_answers([answer], rec, cfg)
+            planned.append(rec.pairs)
+        return planned
+
+    planned = await asyncio.to_thread(record)
+    check_pair_count(sum(len(p) for p in planned), "the request needs", state.config)
+    probs = await _run_pairs(state, request, [pair for p in planned for pair in p])
+    device = str(getattr(state.engine, "device", ""))
+    precision = str(getattr(state.engine, "precision", ""))
+
+    def replay() -> list[dict[str, Any]]:
+        out, offset = [], 0
+        for (answer, cfg), pairs in zip(items, planned):
+            engine = _Replay(pairs, probs[offset:offset + len(pairs)], max_length, device, precision)
+            offset += len(pairs)
+            checks, _ = check_answers([answer], engine, cfg)
+            out.append(checks[0].to_dict())
+        return out
+
+    results = await asyncio.to_thread(replay)
+    return JSONResponse(results if batched else results[0])
+
+
+async def _predict(state: ServeState, request: Request) -> Response:
+    obj = require_object(await _read_json(request, state.config))
+    if "inputs" not in obj:
+        raise ApiError(422, "field 'inputs' is missing; send {\"inputs\": [premise, hypothesis]} or "
+                            "{\"inputs\": [[premise, hypothesis], ...]}")
+    pairs, batched = parse_tei_inputs(obj["inputs"], state.config)
+    raw_scores = require_bool(obj.get("raw_scores", False), "field 'raw_scores'")
+    truncate = obj.get("truncate", False)
+    truncate = False if truncate is None else require_bool(truncate, "field 'truncate'")
+    direction = obj.get("truncation_direction", "Right")
+    if direction not in (None, "Right", "right"):
+        raise ApiError(422, f"field 'truncation_direction' is {direction!r}; only \"Right\" is supported (the engine "
+                            "truncates longest_first, the longer text losing its end)")
+    if not truncate:
+        _ready(state)
+        lengths = await asyncio.to_thread(state.untruncated_lengths, pairs)
+        for i, n in enumerate(lengths or []):
+            if n > state.max_length:
+                where = f"inputs[{i}]" if batched else "inputs"
+                raise ApiError(413, f"{where} has {n} tokens; the model reads at most {state.max_length} (send "
+                                    "\"truncate\": true to truncate it longest_first)")
+    probs = await _run_pairs(state, request, pairs)
+    names = state.label_names()
+    scores = np.log(np.maximum(probs, np.finfo(np.float32).tiny)) if raw_scores else probs
+    out = [_labelled(names, row) for row in scores]
+    return JSONResponse(out if batched else out[0])
+
+
+async def _health(state: ServeState, request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def _ready_endpoint(state: ServeState, request: Request) -> Response:
+    if state.closing:
+        return JSONResponse({"ready": False, "reason": "shutting down"}, status_code=503)
+    if state.batcher is None:
+        reason = f"the model failed to load: {state.load_error}" if state.load_error else "the model is loading"
+        return JSONResponse({"ready": False, "reason": reason}, status_code=503)
+    return JSONResponse({"ready": True, **state.info()})
+
+
+async def _info(state: ServeState, request: Request) -> Response:
+    _ready(state)
+    limits = {k: v for k, v in state.config.as_dict().items() if k not in ("host", "port")}
+    b = state.batcher
+    if b is not None:
+        limits["max_pass_tokens"] = b.max_pass_tokens
+    return JSONResponse({**state.info(), "version": _version(), "limits": limits})
+
+
+async def _metrics(state: ServeState, request: Request) -> Response:
+    m = state.metrics
+    e = state.engine
+    if e is not None:
+        m.info.set(state.model_id, str(getattr(e, "device", "")), str(getattr(e, "precision", "")),
+                   ",".join(getattr(e, "providers", []) or []), value=1)
+        m.fallbacks.set(value=float(getattr(e, "fallbacks", 0)))
+    return Response(m.render(), media_type=CONTENT_TYPE)
+
+
+async def _openapi(state: ServeState, request: Request) -> Response:
+    return JSONResponse(openapi_document(state.config))
+
+
+def _version() -> str:
+    from fastnli import __version__
+
+    return __version__
+
+
+# -- wiring -----------------------------------------------------------------------------------------------------
+Handler = Callable[[ServeState, Request], Awaitable[Response]]
+
+
+def _endpoint(state: ServeState, name: str, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """Wrap a handler: error mapping, latency and status metrics, one DEBUG line per request."""
+
+    async def endpoint(request: Request) -> Response:
+        t0 = time.perf_counter()
+        try:
+            response = await handler(state, request)
+        except ApiError as exc:
+            response = _error_response(exc)
+        except _ClientGone:
+            response = Response(status_code=499)
+        except Exception as exc:
+            logger.exception("%s %s failed", request.method, request.url.path)
+            response = _error_response(ApiError(500, f"engine failure: {type(exc).__name__}: {exc}", "Backend"))
+        seconds = time.perf_counter() - t0
+        state.metrics.count_response(name, response.status_code)
+        state.metrics.latency.observe(seconds, name)
+        logger.debug("%s %s -> %d in %.1f ms", request.method, request.url.path, response.status_code,
+                     seconds * 1000)
+        return response
+
+    return endpoint
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 500)
+    detail = getattr(exc, "detail", str(exc))
+    return JSONResponse({"error": f"{request.method} {request.url.path}: {detail}", "error_type": "NotFound"
+                         if status == 404 else "Validation"}, status_code=status,
+                        headers=getattr(exc, "headers", None))
+
+
+def _load(state: ServeState, factory: EngineFactory) -> None:
+    t0 = time.perf_counter()
+    try:
+        engine = factory()
+    except Exception as exc:
+        state.load_error = f"{type(exc).__name__}: {exc}"
+        logger.exception("the model failed to load")
+        return
+    _attach(state, engine)
+    logger.info("model loaded in %.1f s: %s", time.perf_counter() - t0, state.model_id)
+
+
+def _attach(state: ServeState, engine: EngineLike) -> None:
+    cfg = state.config
+    state.engine = engine
+    model_max = getattr(getattr(engine, "manifest", None), "max_length", 512)
+    batcher = DynamicBatcher(engine, max_wait_ms=cfg.max_wait_ms, max_pass_pairs=cfg.max_pass_pairs,
+                             max_pass_tokens=cfg.max_pass_tokens, queue_size=cfg.queue_size,
+                             max_queued_pairs=cfg.max_queued_pairs,
+                             model_max_length=model_max if isinstance(model_max, int) else 512,
+                             metrics=state.metrics, log_interval_s=cfg.log_interval_s,
+                             retry_after_s=cfg.retry_after_s)
+    state.batcher = batcher.start()
+    state.metrics.ready.set(value=1)
+    info = state.info()
+    logger.info("serving %s on %s/%s", info["model_id"], info["device"], info["precision"])
+
+
+def create_app(engine: EngineLike | EngineFactory, config: ServeConfig | None = None) -> Starlette:
+    """The ASGI app of the service.
+
+    Args:
+        engine: a loaded engine (:class:`fastnli.NLIEngine` or anything with ``predict_with_stats``), or a
+            zero-argument factory that loads one — then the model loads in a background thread at startup and
+            ``/ready`` answers 503 until it is loaded (``/health`` answers 200 throughout).
+        config: the settings (default ``ServeConfig()``, i.e. the ``FASTNLI_*`` environment or the defaults).
+
+    The app's ``state.serve`` is the :class:`ServeState`. At shutdown (after the server has finished the requests in
+    flight) the batcher stops admission and drains its queue.
+    """
+    cfg = config or ServeConfig()
+    state = ServeState(cfg)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        loader = None
+        if hasattr(engine, "predict_with_stats"):
+            _attach(state, engine)  # type: ignore[arg-type]
+        else:
+            loader = threading.Thread(target=_load, args=(state, engine), name="fastnli-model-loader", daemon=True)
+            loader.start()
+        try:
+            yield
+        finally:
+            state.closing = True
+            state.metrics.ready.set(value=0)
+            if loader is not None and loader.is_alive():
+                await asyncio.to_thread(loader.join, cfg.graceful_timeout_s)
+            if state.batcher is not None:
+                await asyncio.to_thread(state.batcher.close, cfg.graceful_timeout_s)
+
+    def route(path: str, name: str, handler: Handler, method: str) -> Route:
+        return Route(path, _endpoint(state, name, handler), methods=[method], name=name)
+
+    routes = [
+        route("/v1/nli", "nli", _nli, "POST"),
+        route("/v1/ncp", "ncp", _ncp, "POST"),
+        route("/v1/calm/check", "calm_check", _calm_check, "POST"),
+        route("/predict", "predict", _predict, "POST"),
+        route("/health", "health", _health, "GET"),
+        route("/ready", "ready", _ready_endpoint, "GET"),
+        route("/info", "info", _info, "GET"),
+        route("/metrics", "metrics", _metrics, "GET"),
+        route("/openapi.json", "openapi", _openapi, "GET"),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_exception})
+    app.state.serve = state
+    return app

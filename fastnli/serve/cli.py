@@ -1,0 +1,70 @@
+"""``fastnli serve``: the HTTP service (needs ``pip install 'fastnli[serve]'``).
+
+Every :class:`~fastnli.serve.config.ServeConfig` field has a flag (``--max-wait-ms`` for ``max_wait_ms``); a flag left
+out keeps the ``FASTNLI_*`` environment value or the default. Importing this module needs neither starlette nor
+uvicorn (the ``fastnli`` CLI imports it to register the subcommand).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from typing import Any
+
+from fastnli.cli import add_engine_arguments, engine_from_args, register
+from fastnli.serve.config import ENV_VARS, ServeConfig
+
+logger = logging.getLogger("fastnli")
+
+_HELP = {
+    "host": "bind address (default 127.0.0.1: loopback only)",
+    "port": "TCP port (default 8080; 0 = a free one)",
+    "max_wait_ms": "ms the first request of an idle engine waits for others to share its pass (default 0)",
+    "max_pass_pairs": "most pairs per engine pass (default 512; 1 with --max-wait-ms 0 = one request at a time)",
+    "max_pass_tokens": "padded-token budget per engine pass, pairs x longest (default: 2x the engine's batch budget)",
+    "queue_size": "most requests waiting for an engine pass; more get 429 (default 256)",
+    "max_queued_pairs": "most pairs waiting for an engine pass; more get 429 (default 8192)",
+    "max_pairs_per_request": "most NLI pairs one request may need; more get 413 (default 256)",
+    "max_text_chars": "most characters per text; more get 413 (default 10000)",
+    "max_body_bytes": "most bytes per request body; more get 413 (default 2000000)",
+    "request_timeout_s": "seconds a request waits for its result before 504 (default 30)",
+    "retry_after_s": "Retry-After seconds of a 429 (default 1)",
+    "shutdown_timeout_s": "seconds a graceful shutdown waits for requests in flight (default: timeout + 5)",
+    "log_interval_s": "seconds between INFO traffic summaries (default 60; 0 = none)",
+}
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    add_engine_arguments(p)
+    kinds: dict[str, Any] = {"host": str, "port": int, "max_wait_ms": float, "max_pass_pairs": int,
+                             "max_pass_tokens": int, "queue_size": int, "max_queued_pairs": int,
+                             "max_pairs_per_request": int, "max_text_chars": int, "max_body_bytes": int,
+                             "request_timeout_s": float, "retry_after_s": int, "shutdown_timeout_s": float,
+                             "log_interval_s": float}
+    for f in dataclasses.fields(ServeConfig):
+        p.add_argument(f"--{f.name.replace('_', '-')}", dest=f"serve_{f.name}", type=kinds[f.name], default=None,
+                       metavar=f.name.split("_")[-1].upper(),
+                       help=f"{_HELP[f.name]}; env {ENV_VARS[f.name]}")
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    """``ServeConfig()`` (environment and defaults) with the flags given on the command line applied."""
+    given = {f.name: getattr(args, f"serve_{f.name}") for f in dataclasses.fields(ServeConfig)
+             if getattr(args, f"serve_{f.name}", None) is not None}
+    return dataclasses.replace(ServeConfig(), **given)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from fastnli.serve import run_server
+
+    config = config_from_args(args)
+    if config.host not in ("127.0.0.1", "localhost", "::1"):
+        logger.warning("binding to %s: the service has no authentication; expose it only behind a proxy you control",
+                       config.host)
+    run_server(lambda: engine_from_args(args), config)
+    return 0
+
+
+register("serve", "HTTP service: /v1/nli, /v1/ncp, /v1/calm/check, TEI /predict, with dynamic batching",
+         _add_arguments, _run)
