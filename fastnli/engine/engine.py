@@ -184,10 +184,13 @@ class NLIEngine:
                    session_config=session_config, result_cache=result_cache)
 
     def _cpu_auto_precision(self) -> str:
+        """INT8 when its measured agreement passes :data:`INT8_MIN_AGREEMENT` (or the artifact ships no fp32 graph,
+        as the embedded default model), else fp32."""
         entry = self.manifest.precisions.get("int8")
-        if entry and entry.validation and entry.validation.argmax_agreement >= INT8_MIN_AGREEMENT:
+        if entry and ("fp32" not in self.manifest.precisions or (
+                entry.validation and entry.validation.argmax_agreement >= INT8_MIN_AGREEMENT)):
             return "int8"
-        return "fp32"
+        return "fp32" if "fp32" in self.manifest.precisions else next(iter(self.manifest.precisions))
 
     def _graph(self, precision: str) -> Path:
         if precision not in self.manifest.precisions:
@@ -198,7 +201,8 @@ class NLIEngine:
     def _open(self, device: str, precision: str) -> None:
         want_cuda = device == "cuda" or (device == "auto" and cuda_listed())
         if want_cuda:
-            prec = precision if precision != "auto" else ("fp16" if "fp16" in self.manifest.precisions else "fp32")
+            prec = precision if precision != "auto" else next(
+                p for p in ("fp16", "fp32", "int8") if p in self.manifest.precisions)
             session, used = create_session(self._graph(prec), "cuda", self._session_config)
             if used == "cuda":
                 self._set_session(session, "cuda", prec)

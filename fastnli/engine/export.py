@@ -143,6 +143,7 @@ def export(
     precisions: Sequence[str] = PRECISIONS,
     opset: int | None = None,
     validate: bool = True,
+    int8_recipe: dict[str, Any] | None = None,
 ) -> Manifest:
     """Export ``model`` (HF hub id or local checkpoint directory) to an ONNX artifact in ``out_dir``.
 
@@ -153,6 +154,8 @@ def export(
             other two are derived from it).
         opset: ONNX opset (default: optimum's choice for the architecture).
         validate: score the probe set with PyTorch fp32 and every graph and record the agreement (default True).
+        int8_recipe: overrides :data:`fastnli.engine.precision.INT8_RECIPE` (e.g. ``op_types`` with ``"Gather"`` to
+            quantize the embedding tables too, as the embedded default model does to fit its size budget).
 
     Returns:
         The written manifest.
@@ -199,7 +202,7 @@ def export(
         if "fp16" in wanted:
             recipes["fp16"] = to_fp16(tmp / GRAPH_FILES["fp32"], tmp / GRAPH_FILES["fp16"])
         if "int8" in wanted:
-            recipes["int8"] = to_int8(tmp / GRAPH_FILES["fp32"], tmp / GRAPH_FILES["int8"])
+            recipes["int8"] = to_int8(tmp / GRAPH_FILES["fp32"], tmp / GRAPH_FILES["int8"], int8_recipe)
 
         pad_id = int(hf_tok.pad_token_id if hf_tok.pad_token_id is not None else 0)
         entries: dict[str, PrecisionEntry] = {}

@@ -1,0 +1,82 @@
+"""The embedded default model: offline default everywhere, no torch at run time, and the CI quality gate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import SHARED_DATA
+
+from fastnli.default_model import DEFAULT_MODEL_DIR, default_model_dir
+from fastnli.engine import NLIEngine, read_manifest
+
+LABELS = ["contradiction", "neutral", "entailment"]
+QUALITY = json.loads((DEFAULT_MODEL_DIR / "quality.json").read_text())
+ACCURACY_MARGIN = 0.01  # ORT releases may differ in the last bits of INT8 kernels; labels flip on a few pairs at most
+AGREEMENT_MARGIN = 0.01
+
+
+@pytest.fixture(scope="module")
+def engine() -> NLIEngine:
+    return NLIEngine.from_pretrained(device="cpu")
+
+
+def test_default_model_ships_int8_within_budget(engine: NLIEngine) -> None:
+    assert default_model_dir() == DEFAULT_MODEL_DIR
+    m = read_manifest(DEFAULT_MODEL_DIR)
+    assert list(m.precisions) == ["int8"] and engine.precision == "int8" and engine.device == "cpu"
+    assert m.columns == [0, 1, 2] and "token_type_ids" in m.inputs  # BERT: segment ids are fed
+    size = sum(f.stat().st_size for f in DEFAULT_MODEL_DIR.iterdir())
+    assert size <= 50 * 10**6, f"the embedded model adds {size / 1e6:.1f} MB; the budget is 50 MB"
+    assert (DEFAULT_MODEL_DIR / "MODEL_CARD.md").is_file()
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present")
+@pytest.mark.parametrize("split", ["snli/dev", "lingnli/val"])
+def test_quality_gate(engine: NLIEngine, split: str) -> None:
+    gate = QUALITY["gate"][split]
+    rows = [json.loads(x) for x in (SHARED_DATA / "dev.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["source"] == split][:: gate["every_nth_row"]]
+    assert len(rows) == gate["rows"]
+    pred = engine.predict([(r["premise"], r["hypothesis"]) for r in rows]).argmax(1)
+    gold = np.array([LABELS.index(r["label"]) for r in rows])
+    acc = float(np.mean(pred == gold))
+    assert abs(acc - gate["accuracy"]["int8"]) <= ACCURACY_MARGIN, (split, acc, gate["accuracy"])
+    agreement = float(np.mean(pred == np.array(gate["fp32_argmax"])))
+    assert abs(agreement - gate["int8_fp32_agreement"]) <= AGREEMENT_MARGIN, (split, agreement, gate)
+
+
+def test_default_is_used_everywhere_without_torch(tmp_path: Path) -> None:
+    """Engine, scorers and CLI with no model: the embedded one, and neither torch nor transformers is imported."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"response": "Paris", "sampled_responses": ["Paris", "Lyon"]}\n')
+    code = f"""
+import sys
+from fastnli import NLIEngine
+from fastnli.scorers import score
+from fastnli.cli import main
+engine = NLIEngine.from_pretrained()
+assert engine.predict([("A man plays guitar.", "A man makes music.")]).shape == (1, 3)
+assert score(["Paris"], [["Lyon", "Paris"]]).rows[0].noncontradiction is not None
+assert main(["score", {str(src)!r}, "-o", {str(tmp_path / 'out.jsonl')!r}, "--no-progress"]) == 0
+bad = [m for m in ("torch", "transformers", "optimum") if m in sys.modules]
+assert not bad, bad
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+                               "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads((tmp_path / "out.jsonl").read_text())
+    assert 0.0 <= out["noncontradiction"] <= 1.0
+
+
+def test_nli_sanity_on_clear_pairs(engine: NLIEngine) -> None:
+    probs = engine.predict([
+        ("A man is playing a guitar on stage.", "A man is playing an instrument."),
+        ("A man is playing a guitar on stage.", "Nobody is playing music."),
+    ])
+    assert probs[0].argmax() == 2 and probs[1].argmax() == 0
