@@ -90,7 +90,7 @@ def schedule_all(impl: ModuleType, premises: list[str], hypotheses: list[str], l
     plan = impl.plan_batches(lengths_of[: first.shape[0]], BUDGET_TOKENS, BUDGET_ROWS, PAD_MULTIPLE)
     t2 = time.perf_counter()
     for b in range(plan.num_batches):
-        impl.fill_batch(flat, offsets, plan.order[plan.bounds[b] : plan.bounds[b + 1]], int(plan.seq_lens[b]), PAD_ID)
+        impl.fill_batch(flat, offsets, plan.batch_rows(b), int(plan.seq_lens[b]), PAD_ID)
     t3 = time.perf_counter()
     return {"dedup": t1 - t0, "plan": t2 - t1, "fill": t3 - t2, "total": t3 - t0, "batches": plan.num_batches}
 

@@ -1,10 +1,13 @@
 """fastnli: fast, trustworthy NLI consistency checks of LLM output.
 
 DeBERTa-MNLI cross-encoders exported to ONNX (FP16 for GPU, INT8 for CPU) and run on ONNX Runtime, a compiled
-pair scheduler (dedup, length packing under a token budget), and uqlm-exact NCP scorers.
+pair scheduler (dedup, length packing under a token budget), uqlm-exact NCP scorers, CaLM, and an embedded default
+model so that everything works offline.
 """
 
 from fastnli.engine import BatchPolicy, CallStats, NLIEngine, SessionConfig, export
+from fastnli.scorers import ScoreResult, ScoreRow, score
 
 __version__ = "0.1.0"
-__all__ = ["BatchPolicy", "CallStats", "NLIEngine", "SessionConfig", "export", "__version__"]
+__all__ = ["BatchPolicy", "CallStats", "NLIEngine", "ScoreResult", "ScoreRow", "SessionConfig", "export", "score",
+           "__version__"]

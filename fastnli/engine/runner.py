@@ -79,7 +79,7 @@ def score_unique(
     plan = plan_batches(np.diff(offsets), policy.max_batch_tokens, policy.max_batch_size, policy.pad_multiple)
     cols = np.asarray(columns, dtype=np.int64)
     for b in range(plan.num_batches):
-        rows = plan.order[plan.bounds[b]:plan.bounds[b + 1]]
+        rows = plan.batch_rows(b)
         ids, mask, types = fill_batch(flat, offsets, rows, int(plan.seq_lens[b]), pad_id, flat_types)
         feed = {"input_ids": ids, "attention_mask": mask}
         if want_types and types is not None:
