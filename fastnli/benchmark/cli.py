@@ -80,7 +80,8 @@ def _run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from fastnli.benchmark import plots
-    from fastnli.benchmark.run import BenchReport, machine_info, measure_peaks, run_workload, uqlm_pairs
+    from fastnli.benchmark.roofline import gemm_peaks
+    from fastnli.benchmark.run import BenchReport, machine_info, run_workload, uqlm_pairs
     from fastnli.benchmark.workloads import long_workload, mixed_workload, short_workload
     from fastnli.engine import resolve_artifact
 
@@ -93,7 +94,7 @@ def _run(args: argparse.Namespace) -> int:
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     backends = [b for b in ("uqlm", "torch", "fastnli-fp32", "fastnli-int8") if b not in skip]
     console = _console(stderr=True)
-    peaks = measure_peaks()
+    peaks = gemm_peaks()
     logger.info("GEMM peaks (ORT, this machine): %s", {k: round(v) for k, v in peaks.items()})
     makers = {
         "short": lambda: short_workload(40 if args.quick else 200, 5),
