@@ -10,5 +10,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip setuptools wheel
 .venv/bin/python -m pip install -q "torch==2.13.0"
-# Editable install builds the Cython scheduler (setup.py) and pulls the runtime, export and dev dependencies.
-.venv/bin/python -m pip install -q -e ".[export,dev]"
+# Editable install builds the Cython scheduler (setup.py) and pulls the runtime, export, dev and Ray dependencies.
+.venv/bin/python -m pip install -q -e ".[export,dev,ray]"

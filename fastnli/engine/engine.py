@@ -97,6 +97,16 @@ def resolve_artifact(name_or_dir: str | Path, cache_dir: str | Path | None = Non
     return target
 
 
+def cpu_auto_precision(manifest: Manifest) -> str:
+    """The graph ``precision="auto"`` runs on CPU: INT8 when its measured agreement passes
+    :data:`INT8_MIN_AGREEMENT` (or the artifact ships no fp32 graph, as the embedded default model), else fp32."""
+    entry = manifest.precisions.get("int8")
+    if entry and ("fp32" not in manifest.precisions or (
+            entry.validation and entry.validation.argmax_agreement >= INT8_MIN_AGREEMENT)):
+        return "int8"
+    return "fp32" if "fp32" in manifest.precisions else next(iter(manifest.precisions))
+
+
 def _validate_pairs(pairs: Any) -> tuple[list[str], list[str], bool]:
     """Check ``pairs`` and split it; returns ``(premises, hypotheses, was_single_pair)``."""
     if isinstance(pairs, tuple) and len(pairs) == 2 and all(isinstance(x, str) for x in pairs):
@@ -183,15 +193,6 @@ class NLIEngine:
         return cls(artifact, device=device, precision=precision, batch_policy=batch_policy,
                    session_config=session_config, result_cache=result_cache)
 
-    def _cpu_auto_precision(self) -> str:
-        """INT8 when its measured agreement passes :data:`INT8_MIN_AGREEMENT` (or the artifact ships no fp32 graph,
-        as the embedded default model), else fp32."""
-        entry = self.manifest.precisions.get("int8")
-        if entry and ("fp32" not in self.manifest.precisions or (
-                entry.validation and entry.validation.argmax_agreement >= INT8_MIN_AGREEMENT)):
-            return "int8"
-        return "fp32" if "fp32" in self.manifest.precisions else next(iter(self.manifest.precisions))
-
     def _graph(self, precision: str) -> Path:
         if precision not in self.manifest.precisions:
             raise ValueError(f"precision={precision!r} is not in the artifact {self.artifact_dir} (it has "
@@ -207,7 +208,7 @@ class NLIEngine:
             if used == "cuda":
                 self._set_session(session, "cuda", prec)
                 return
-            cpu_prec = precision if precision != "auto" else self._cpu_auto_precision()
+            cpu_prec = precision if precision != "auto" else cpu_auto_precision(self.manifest)
             logger.warning("device=%r: the CUDA execution provider could not be loaded (onnxruntime-gpu needs the "
                            "CUDA and cuDNN libraries of its build, and a GPU); falling back to CPU with precision "
                            "%s", device, cpu_prec)
@@ -216,7 +217,7 @@ class NLIEngine:
                 self._set_session(session, "cpu", prec)
                 return
             precision = cpu_prec
-        prec = precision if precision != "auto" else self._cpu_auto_precision()
+        prec = precision if precision != "auto" else cpu_auto_precision(self.manifest)
         session, _ = create_session(self._graph(prec), "cpu", self._session_config)
         self._set_session(session, "cpu", prec)
 
@@ -230,7 +231,7 @@ class NLIEngine:
 
     def _fallback_to_cpu(self, exc: BaseException) -> None:
         requested = self._requested[1]
-        prec = requested if requested != "auto" else self._cpu_auto_precision()
+        prec = requested if requested != "auto" else cpu_auto_precision(self.manifest)
         logger.warning("a run on CUDA failed (%s: %s); switching this engine to CPU with precision %s",
                        type(exc).__name__, str(exc).splitlines()[0][:200], prec)
         self.fallbacks += 1

@@ -12,11 +12,14 @@ import csv
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from fastnli.cli import add_engine_arguments, engine_from_args, read_jsonl, register, write_jsonl
+from fastnli.engine import CPU_POLICY, CUDA_POLICY
 from fastnli.scorers.api import SCORERS, score
+from fastnli.scorers.records import check_record
 
 logger = logging.getLogger("fastnli")
 
@@ -52,38 +55,72 @@ def read_score_input(path: str | Path) -> list[dict[str, Any]]:
     """Read and check a score input file; errors name the line and the field."""
     rows = _read_csv(path) if str(path).lower().endswith(".csv") else read_jsonl(path)
     for r in rows:
-        where = f"{path}:{r['_line']}"
-        if "response" not in r:
-            raise ValueError(f"{where}: missing field 'response'")
-        if not isinstance(r["response"], str):
-            raise ValueError(f"{where}: field 'response' must be a string, got {type(r['response']).__name__}")
-        s = r.get("sampled_responses")
-        if s is None:
-            raise ValueError(f"{where}: missing field 'sampled_responses' (a list of at least one string)")
-        if not isinstance(s, list) or not s:
-            raise ValueError(f"{where}: field 'sampled_responses' must be a non-empty list of strings")
-        for j, x in enumerate(s):
-            if not isinstance(x, str):
-                raise ValueError(f"{where}: field 'sampled_responses'[{j}] must be a string, got {type(x).__name__}")
+        check_record(r, f"{path}:{r['_line']}")
     return rows
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="JSONL (or .csv) with response and sampled_responses per line")
+    p.add_argument("input", help="JSONL (or .csv) with response and sampled_responses per line; with --ray also "
+                   "Parquet, or a directory of JSONL/Parquet files")
+    p.add_argument("output_file", nargs="?", default=None, metavar="OUTPUT",
+                   help="output file (same as -o); with --ray .jsonl or .parquet")
     p.add_argument("-o", "--output", default=None, help="output JSONL (default: stdout)")
     p.add_argument("--scorers", default="noncontradiction",
                    help=f"comma-separated, from {','.join(SCORERS)} (default: noncontradiction)")
     p.add_argument("--use-best", action="store_true", help="uqlm's use_best (with a semantic scorer)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_engine_arguments(p)
+    ray = p.add_argument_group("Ray (pip install 'fastnli[ray]')")
+    ray.add_argument("--ray", default=None, metavar="ADDRESS",
+                     help="score on a Ray cluster: 'auto' (the running cluster, or RAY_ADDRESS), 'local' (start one "
+                     "on this machine), or an address such as ray://head:10001")
+    ray.add_argument("--actors", default="1", help="actor pool size N, or MIN-MAX for an autoscaling pool (default 1)")
+    ray.add_argument("--cpus-per-actor", type=float, default=1.0, help="CPUs (and ORT threads) per actor (default 1)")
+    ray.add_argument("--gpus-per-actor", type=float, default=0.0,
+                     help="GPUs per actor (default 0: CPU actors; > 0: CUDA with the FP16 graph)")
+    ray.add_argument("--batch-rows", type=int, default=256, help="rows per engine pass (default 256)")
+
+
+def _parse_actors(text: str) -> int | tuple[int, int]:
+    lo, sep, hi = text.partition("-")
+    try:
+        return (int(lo), int(hi)) if sep else int(lo)
+    except ValueError:
+        raise ValueError(f"--actors {text!r}: give a pool size N or MIN-MAX, e.g. --actors 4 or --actors 2-8") from None
+
+
+def _run_ray(args: argparse.Namespace, output: str, scorers: tuple[str, ...]) -> int:
+    from fastnli.distributed.dataset import import_ray, infer_format, score_dataset, write_scores
+
+    ray = import_ray()
+    infer_format(output)  # refuse an output name of unknown format before any work
+    if not ray.is_initialized():
+        ray.init(address=None if args.ray == "local" else args.ray)
+    changes = {k: v for k, v in (("max_batch_tokens", args.max_batch_tokens),
+                                 ("max_batch_size", args.max_batch_size)) if v is not None}
+    policy = replace(CUDA_POLICY if args.gpus_per_actor > 0 else CPU_POLICY, **changes) if changes else None
+    ds = score_dataset(args.input, args.model, scorers=scorers, use_best=args.use_best,
+                       num_actors=_parse_actors(args.actors), num_cpus_per_actor=args.cpus_per_actor,
+                       num_gpus_per_actor=args.gpus_per_actor, precision=args.precision, batch_rows=args.batch_rows,
+                       batch_policy=policy)
+    n = write_scores(ds, output)
+    logger.info("%d rows scored on Ray (%s actors) -> %s", n, args.actors, output)
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    if args.output_file is not None and args.output is not None:
+        raise ValueError("give the output once: as OUTPUT or as -o, not both")
+    args.output = args.output or args.output_file
+    scorers = tuple(s.strip() for s in args.scorers.split(",") if s.strip())
+    if args.ray is not None:
+        if args.output is None:
+            raise ValueError("--ray needs an output file (OUTPUT or -o), .jsonl or .parquet")
+        return _run_ray(args, args.output, scorers)
     rows = read_score_input(args.input)
     engine = engine_from_args(args)
-    scorers = tuple(s.strip() for s in args.scorers.split(",") if s.strip())
     with Progress(TextColumn("scoring pairs"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   disable=args.no_progress, transient=True) as bar:
         task = bar.add_task("pairs", total=None)

@@ -1,0 +1,89 @@
+"""``NLIScorer``: the Ray Data ``map_batches`` callable that owns one NLI engine per actor.
+
+Each actor loads the shared export artifact once (:class:`~fastnli.distributed.artifact.SharedArtifact`), then
+scores every batch it gets with the same code as :func:`fastnli.score`: plan the directed pairs of the batch's
+responses, one scheduled engine pass (the kernels dedup and pack them), read the scorers back. Batches are
+``pyarrow.Table`` s; the output is the input table with one column per scorer appended, rows in the same order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastnli.distributed.artifact import SharedArtifact
+from fastnli.engine import BatchPolicy, NLIEngine, SessionConfig
+from fastnli.engine.engine import DeviceArg, PrecisionArg
+from fastnli.scorers.api import plan_scores, score_rows
+from fastnli.scorers.records import check_record
+
+logger = logging.getLogger("fastnli")
+
+
+def output_columns(scorers: Sequence[str], use_best: bool) -> list[str]:
+    """The columns :class:`NLIScorer` appends: one per scorer, and ``best_response`` with ``use_best`` and a
+    semantic scorer (as ``fastnli score`` writes them)."""
+    semantic = {"semantic_negentropy", "semantic_sets_confidence"} & set(scorers)
+    return [*scorers, *(["best_response"] if use_best and semantic else [])]
+
+
+class NLIScorer:
+    """Scores batches of a Ray dataset; one instance (and one engine) per Ray actor.
+
+    Args:
+        artifact: the shared export artifact.
+        device: the engine's device (``"cuda"`` for GPU actors, ``"cpu"`` otherwise; CUDA falls back to CPU).
+        precision: the engine's precision (``"auto"``: FP16 on CUDA, the manifest's CPU choice otherwise).
+        threads: ONNX Runtime intra-op threads (the actor's CPUs; 0: ORT's default of one per core).
+        scorers, use_best, max_length: as :func:`fastnli.score`.
+        response_column, samples_column: the input columns (a string, and a list of strings).
+        id_column: a column whose value names a row in error messages (default: the row's place in its batch).
+        batch_policy: the engine's batch policy (default: the device's).
+    """
+
+    def __init__(self, artifact: SharedArtifact, device: DeviceArg = "cpu", precision: PrecisionArg = "auto",
+                 threads: int = 1, scorers: Sequence[str] = ("noncontradiction",), use_best: bool = False,
+                 max_length: int | None = 2000, response_column: str = "response",
+                 samples_column: str = "sampled_responses", id_column: str | None = None,
+                 batch_policy: BatchPolicy | None = None) -> None:
+        self.engine = NLIEngine(artifact.open(), device=device, precision=precision, batch_policy=batch_policy,
+                                session_config=SessionConfig(intra_op_threads=threads))
+        self.scorers = tuple(scorers)
+        self.use_best = use_best
+        self.max_length = max_length
+        self.response_column = response_column
+        self.samples_column = samples_column
+        self.id_column = id_column
+        self.columns = output_columns(self.scorers, use_best)
+        logger.info("Ray actor engine ready: %r", self.engine)
+
+    def _where(self, table: Any, i: int, response: Any) -> str:
+        if self.id_column is not None and self.id_column in table.column_names:
+            return f"row {self.id_column}={table.column(self.id_column)[i].as_py()!r}"
+        return f"row {i} of a batch (response {str(response)[:60]!r})"
+
+    def __call__(self, table: Any) -> Any:
+        import pyarrow as pa
+
+        for name in (self.response_column, self.samples_column):
+            if name not in table.column_names:
+                raise ValueError(f"the dataset has no column {name!r} (columns: {table.column_names}); name the "
+                                 "columns with response_column= / samples_column=")
+        clash = [c for c in self.columns if c in table.column_names]
+        if clash:
+            raise ValueError(f"the dataset already has the output column(s) {clash}; rename or drop them first")
+        responses = table.column(self.response_column).to_pylist()
+        samples = table.column(self.samples_column).to_pylist()
+        for i, (r, s) in enumerate(zip(responses, samples)):
+            check_record({self.response_column: r, self.samples_column: s}, self._where(table, i, r),
+                         self.response_column, self.samples_column)
+        plan = plan_scores(responses, samples, self.scorers, use_best=self.use_best, max_length=self.max_length)
+        probs, stats = self.engine.predict_with_stats(plan.pairs)
+        rows = score_rows(plan, probs)
+        logger.debug("batch of %d rows: %d pairs, %d unique, %.2f s", len(rows), stats.pairs_in, stats.unique_pairs,
+                     stats.seconds)
+        for name in self.columns:
+            kind = pa.string() if name == "best_response" else pa.float64()
+            table = table.append_column(name, pa.array([getattr(r, name) for r in rows], type=kind))
+        return table

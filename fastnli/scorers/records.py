@@ -1,0 +1,27 @@
+"""Checks of one input record of the scorers (a JSONL line, a CSV row, a row of a Ray dataset)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def check_record(record: Mapping[str, Any], where: str, response_field: str = "response",
+                 samples_field: str = "sampled_responses") -> None:
+    """Raise ValueError naming ``where`` (a file line, a row id) and the field when ``record`` cannot be scored.
+
+    A record needs ``response_field`` (a string) and ``samples_field`` (a non-empty list of strings).
+    """
+    if response_field not in record:
+        raise ValueError(f"{where}: missing field {response_field!r}")
+    response = record[response_field]
+    if not isinstance(response, str):
+        raise ValueError(f"{where}: field {response_field!r} must be a string, got {type(response).__name__}")
+    samples = record.get(samples_field)
+    if samples is None:
+        raise ValueError(f"{where}: missing field {samples_field!r} (a list of at least one string)")
+    if not isinstance(samples, list) or not samples:
+        raise ValueError(f"{where}: field {samples_field!r} must be a non-empty list of strings")
+    for j, x in enumerate(samples):
+        if not isinstance(x, str):
+            raise ValueError(f"{where}: field {samples_field!r}[{j}] must be a string, got {type(x).__name__}")
