@@ -139,7 +139,7 @@ def test_run_time_device_error_switches_to_cpu(art_v1: Path, caplog: pytest.LogC
         def get_providers(self) -> list[str]:
             return ["CUDAExecutionProvider", "CPUExecutionProvider"]
 
-    eng._session, eng.device = FailingCudaSession(), "cuda"
+    eng._sessions, eng.device = [FailingCudaSession()], "cuda"
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="fastnli"):
         got = eng.predict(RAGGED_PAIRS)
@@ -156,7 +156,7 @@ def test_non_device_errors_are_not_swallowed(art_v1: Path) -> None:
         def run(self, *_args: object) -> None:
             raise RuntimeError("INVALID_ARGUMENT: bad shape")
 
-    eng._session = Broken()
+    eng._sessions = [Broken()]
     with pytest.raises(RuntimeError, match="INVALID_ARGUMENT"):
         eng.predict(RAGGED_PAIRS)
 
@@ -261,3 +261,51 @@ def test_cli_export_matches_python(ckpt_v2: Path, art_v2: Path, workdir: Path) -
     a = NLIEngine.from_pretrained(out, device="cpu", precision="fp32").predict(RAGGED_PAIRS)
     b = NLIEngine.from_pretrained(art_v2, device="cpu", precision="fp32").predict(RAGGED_PAIRS)
     assert np.array_equal(a, b)
+
+
+def _many_pairs(n: int = 300) -> list[tuple[str, str]]:
+    base = [p for p in RAGGED_PAIRS if p[0] and p[1]]
+    return [(f"{p} ({i})", h) for i in range(n // len(base) + 1) for p, h in base][:n]
+
+
+def test_cpu_streams_rule(art_v1: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastnli.engine.session import MAX_AUTO_STREAMS, SessionConfig, cpu_streams
+
+    graph = art_v1 / "model_fp32.onnx"  # a tiny graph: small, so auto gives one stream per core
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert cpu_streams(SessionConfig(streams=0), graph) == (MAX_AUTO_STREAMS, 2)
+    assert cpu_streams(SessionConfig(streams=3, intra_op_threads=1), graph) == (3, 1)
+    assert cpu_streams(SessionConfig(streams=1), graph) == (1, 0)  # one stream: ORT's own default threads
+    monkeypatch.setattr("fastnli.engine.session.SMALL_GRAPH_BYTES", 1)
+    assert cpu_streams(SessionConfig(streams=0), graph) == (1, 0)  # a large graph stays one session
+
+
+def test_streams_give_the_same_probabilities_in_input_order(art_v1: Path) -> None:
+    from fastnli.engine import BatchPolicy, SessionConfig
+
+    pairs = _many_pairs()
+    policy = BatchPolicy(max_batch_tokens=256, max_batch_size=8)  # many batches, so every stream gets work
+    one = NLIEngine(art_v1, device="cpu", precision="fp32", batch_policy=policy,
+                    session_config=SessionConfig(streams=1))
+    three = NLIEngine(art_v1, device="cpu", precision="fp32", batch_policy=policy,
+                      session_config=SessionConfig(streams=3, intra_op_threads=1))
+    assert one.streams == 1 and three.streams == 3 and "streams=3" in repr(three)
+    seen: list[int] = []
+    got, stats = three.predict_with_stats(pairs, progress=lambda k, total: seen.append(k))
+    np.testing.assert_allclose(got, one.predict(pairs), rtol=0, atol=1e-6)
+    assert sum(seen) == stats.unique_pairs == len(set(pairs)) and stats.batches == len(seen) > 3
+
+
+def test_an_error_in_one_stream_is_raised(art_v1: Path) -> None:
+    from fastnli.engine import BatchPolicy, SessionConfig
+
+    eng = NLIEngine(art_v1, device="cpu", precision="fp32", batch_policy=BatchPolicy(256, 8),
+                    session_config=SessionConfig(streams=2, intra_op_threads=1))
+
+    class Broken:
+        def run(self, *_args: object) -> None:
+            raise RuntimeError("INVALID_ARGUMENT: stream two is broken")
+
+    eng._sessions[1] = Broken()
+    with pytest.raises(RuntimeError, match="stream two is broken"):
+        eng.predict(_many_pairs())

@@ -21,7 +21,14 @@ import numpy as np
 from fastnli.engine.labels import CANONICAL_LABELS
 from fastnli.engine.manifest import PRECISIONS, Manifest, checkpoint_hash, read_manifest
 from fastnli.engine.runner import CPU_POLICY, CUDA_POLICY, BatchPolicy, RunStats, score_unique
-from fastnli.engine.session import Device, SessionConfig, create_session, cuda_listed, is_device_error
+from fastnli.engine.session import (
+    Device,
+    SessionConfig,
+    cpu_streams,
+    create_session,
+    cuda_listed,
+    is_device_error,
+)
 from fastnli.engine.tokenize import PairTokenizer
 from fastnli.kernels import ResultCache, dedup_pairs, scatter_rows
 
@@ -136,6 +143,7 @@ class NLIEngine:
         device: the device actually used, ``"cuda"`` or ``"cpu"`` (after any fallback).
         precision: the graph actually used, ``"fp32"``, ``"fp16"`` or ``"int8"``.
         providers: ORT's execution providers of the live session.
+        streams: sessions running batches concurrently (CPU: see :func:`fastnli.engine.session.cpu_streams`).
         manifest: the artifact's manifest (source, versions, validation figures).
         last_stats: counters of the latest :meth:`predict` call.
     """
@@ -206,27 +214,30 @@ class NLIEngine:
                 p for p in ("fp16", "fp32", "int8") if p in self.manifest.precisions)
             session, used = create_session(self._graph(prec), "cuda", self._session_config)
             if used == "cuda":
-                self._set_session(session, "cuda", prec)
+                self._set_sessions([session], "cuda", prec)
                 return
             cpu_prec = precision if precision != "auto" else cpu_auto_precision(self.manifest)
             logger.warning("device=%r: the CUDA execution provider could not be loaded (onnxruntime-gpu needs the "
                            "CUDA and cuDNN libraries of its build, and a GPU); falling back to CPU with precision "
                            "%s", device, cpu_prec)
             self.fallbacks += 1
-            if cpu_prec == prec:
-                self._set_session(session, "cpu", prec)
-                return
             precision = cpu_prec
         prec = precision if precision != "auto" else cpu_auto_precision(self.manifest)
-        session, _ = create_session(self._graph(prec), "cpu", self._session_config)
-        self._set_session(session, "cpu", prec)
+        self._open_cpu(prec)
 
-    def _set_session(self, session: Any, device: Device, precision: str) -> None:
-        self._session = session
+    def _open_cpu(self, precision: str) -> None:
+        graph = self._graph(precision)
+        streams, threads = cpu_streams(self._session_config, graph)
+        sessions = [create_session(graph, "cpu", self._session_config, threads)[0] for _ in range(streams)]
+        self._set_sessions(sessions, "cpu", precision)
+
+    def _set_sessions(self, sessions: list[Any], device: Device, precision: str) -> None:
+        self._sessions = sessions
         self.device: Device = device
         self.precision: str = precision
-        self.providers: list[str] = list(session.get_providers())
-        self._input_names = [i.name for i in session.get_inputs()]
+        self.streams = len(sessions)
+        self.providers: list[str] = list(sessions[0].get_providers())
+        self._input_names = [i.name for i in sessions[0].get_inputs()]
         self.batch_policy = self._policy_override or (CUDA_POLICY if device == "cuda" else CPU_POLICY)
 
     def _fallback_to_cpu(self, exc: BaseException) -> None:
@@ -235,19 +246,24 @@ class NLIEngine:
         logger.warning("a run on CUDA failed (%s: %s); switching this engine to CPU with precision %s",
                        type(exc).__name__, str(exc).splitlines()[0][:200], prec)
         self.fallbacks += 1
-        session, _ = create_session(self._graph(prec), "cpu", self._session_config)
-        self._set_session(session, "cpu", prec)
+        self._open_cpu(prec)
 
     def _run(self, feed: dict[str, np.ndarray]) -> np.ndarray:
         try:
-            return self._session.run(None, feed)[0]
+            return self._sessions[0].run(None, feed)[0]
         except Exception as exc:
             if self.device == "cuda" and is_device_error(exc):
                 with self._lock:
                     if self.device == "cuda":
                         self._fallback_to_cpu(exc)
-                return self._session.run(None, feed)[0]
+                return self._sessions[0].run(None, feed)[0]
             raise
+
+    def _runs(self) -> list[Callable[[dict[str, np.ndarray]], np.ndarray]]:
+        """One run callable per stream: the first keeps the CUDA fallback, the others are plain CPU sessions."""
+        if len(self._sessions) == 1:
+            return [self._run]
+        return [self._run, *(lambda feed, s=s: s.run(None, feed)[0] for s in self._sessions[1:])]
 
     # -- inference ----------------------------------------------------------------------------------------------
     @property
@@ -302,7 +318,7 @@ class NLIEngine:
             stats.cache_hits = len(up) - len(todo)
         if todo:
             run_stats = RunStats()
-            computed = score_unique(self._run, self._tokenizer, [up[u] for u in todo], [uh[u] for u in todo],
+            computed = score_unique(self._runs(), self._tokenizer, [up[u] for u in todo], [uh[u] for u in todo],
                                     self._input_names, self.manifest.columns, self.manifest.pad_token_id,
                                     self.batch_policy, run_stats, progress)
             unique[todo] = computed
@@ -329,4 +345,4 @@ class NLIEngine:
 
     def __repr__(self) -> str:
         return (f"NLIEngine(source={self.manifest.source!r}, device={self.device!r}, precision={self.precision!r}, "
-                f"providers={self.providers})")
+                f"providers={self.providers}, streams={self.streams})")

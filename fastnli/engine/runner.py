@@ -6,7 +6,9 @@ filling ``input_ids``/``attention_mask`` in compiled code); this module owns the
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,7 +56,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def score_unique(
-    run: Callable[[dict[str, np.ndarray]], np.ndarray],
+    run: Callable[[dict[str, np.ndarray]], np.ndarray] | Sequence[Callable[[dict[str, np.ndarray]], np.ndarray]],
     tokenizer: PairTokenizer,
     premises: Sequence[str],
     hypotheses: Sequence[str],
@@ -67,13 +69,62 @@ def score_unique(
 ) -> np.ndarray:
     """Probabilities ``(U, 3)`` float32 in canonical order (contradiction, neutral, entailment) for U pairs.
 
-    ``run`` maps a feed dict to logits ``(rows, num_labels)``; ``columns`` picks the canonical label columns;
-    ``progress`` is called with ``(pairs in the finished batch, pairs to score in all)``.
+    ``run`` maps a feed dict to logits ``(rows, num_labels)``; a list of them (one per stream: separate ORT
+    sessions) runs batches concurrently, each stream taking the next unstarted batch. ``columns`` picks the
+    canonical label columns; ``progress`` is called with ``(pairs in the finished batch, pairs to score in all)``,
+    from one thread at a time.
     """
     n = len(premises)
     out = np.empty((n, 3), dtype=np.float32)
     if n == 0:
         return out
+    runs = [run] if callable(run) else list(run)
+    want_types = "token_type_ids" in input_names
+    flat, offsets, flat_types = tokenizer.encode(premises, hypotheses, with_type_ids=want_types)
+    plan = plan_batches(np.diff(offsets), policy.max_batch_tokens, policy.max_batch_size, policy.pad_multiple)
+    cols = np.asarray(columns, dtype=np.int64)
+    lock = threading.Lock()
+
+    def one_batch(b: int, stream: Callable[[dict[str, np.ndarray]], np.ndarray]) -> None:
+        rows = plan.batch_rows(b)
+        ids, mask, types = fill_batch(flat, offsets, rows, int(plan.seq_lens[b]), pad_id, flat_types)
+        feed = {"input_ids": ids, "attention_mask": mask}
+        if want_types and types is not None:
+            feed["token_type_ids"] = types
+        logits = stream({k: v for k, v in feed.items() if k in input_names})
+        out[rows] = softmax(logits)[:, cols]  # batches own disjoint rows
+        if progress is not None:
+            with lock:
+                progress(len(rows), n)
+
+    if len(runs) == 1 or plan.num_batches == 1:
+        for b in range(plan.num_batches):
+            one_batch(b, runs[0])
+    else:
+        todo = iter(range(plan.num_batches))
+        failed = threading.Event()
+
+        def worker(stream: Callable[[dict[str, np.ndarray]], np.ndarray]) -> None:
+            while not failed.is_set():
+                with lock:
+                    b = next(todo, None)
+                if b is None:
+                    return
+                try:
+                    one_batch(b, stream)
+                except BaseException:
+                    failed.set()  # the other streams stop taking batches
+                    raise
+
+        with ThreadPoolExecutor(max_workers=len(runs), thread_name_prefix="fastnli-stream") as pool:
+            for f in [pool.submit(worker, r) for r in runs[: plan.num_batches]]:
+                f.result()  # re-raises a stream's error
+    if stats is not None:
+        stats.unique_pairs += n
+        stats.batches += plan.num_batches
+        stats.real_tokens += plan.real_tokens
+        stats.padded_tokens += plan.padded_tokens
+    return out
     want_types = "token_type_ids" in input_names
     flat, offsets, flat_types = tokenizer.encode(premises, hypotheses, with_type_ids=want_types)
     plan = plan_batches(np.diff(offsets), policy.max_batch_tokens, policy.max_batch_size, policy.pad_multiple)
