@@ -62,10 +62,12 @@ def gemm_peaks(rows: int = 2048, k: int = 1024, n: int = 4096, repeats: int = 5,
 def deberta_flops(config: dict[str, Any], seq_len: int) -> float:
     """Estimated FLOPs of one forward pass of a DeBERTa sequence classifier on one sequence of ``seq_len`` tokens.
 
-    Counted (2 FLOPs per multiply-add): the linear layers (Q/K/V/output projections and the FFN) per token; the
+    Counted (2 FLOPs per multiply-add): the linear layers (Q/K/V/output projections and the FFN) per token, and the
     attention products per token (content QKᵀ and AV, plus the c2p and p2c disentangled terms over ``2·seq_len``
-    relative positions); the relative-position key/query projections per sequence. Embeddings, norms, softmax and
-    the classifier head are ignored (< 1%).
+    relative positions). Not counted: the relative-position key/query projections, which run once per *batch* on
+    ``2·seq_len`` relative embeddings and are shared by all its rows (amortised over 32-64 rows they are < 1% of a
+    short pair's work; counting them per sequence overstated short-pair FLOPs by a third), and embeddings, norms,
+    softmax and the classifier head (< 1%).
     """
     d = int(config["hidden_size"])
     ff = int(config["intermediate_size"])
@@ -73,5 +75,4 @@ def deberta_flops(config: dict[str, Any], seq_len: int) -> float:
     s = int(seq_len)
     linear = 2 * (4 * d * d + 2 * d * ff) * s
     attention = (2 * s * d + 2 * s * d + 2 * 2 * s * d * 2) * s
-    rel_proj = 2 * 2 * (2 * s) * d * d
-    return float(layers * (linear + attention + rel_proj))
+    return float(layers * (linear + attention))
