@@ -685,9 +685,11 @@ def main(argv: list[str] | None = None) -> int:
             evaluate(step, step / steps_per_epoch, full=True, train_loss=loss_sum / max(1, loss_n) if loss_n else None)
             loss_sum, loss_n = 0.0, 0
     train_wall_s = time.perf_counter() - t_train
-    # stopped part-way: the checkpoint at the stop is a candidate too (on the slice)
+    # stopped part-way: the checkpoint at the stop is a candidate too (on the split selection uses, so that a run
+    # stopped before its first epoch end still saves a checkpoint)
     if stop_reason != "completed" and (not evals_log or evals_log[-1]["step"] != step) and step > 0:
-        evaluate(step, step / steps_per_epoch, full=False, train_loss=loss_sum / max(1, loss_n) if loss_n else None)
+        evaluate(step, step / steps_per_epoch, full=args.select_on == "full",
+                 train_loss=loss_sum / max(1, loss_n) if loss_n else None)
 
     if best_state is None:
         raise RuntimeError("no evaluation ran; nothing to save")
