@@ -89,7 +89,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from fastnli.engine import export
 
     precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
-    manifest = export(args.model, args.out, precisions=precisions, opset=args.opset, validate=not args.no_validate)
+    from fastnli.engine.precision import INT8_RECIPES
+
+    manifest = export(args.model, args.out, precisions=precisions, opset=args.opset, validate=not args.no_validate,
+                      int8_recipe=INT8_RECIPES[args.int8_recipe])
     _print_manifest(manifest)
     _console().print(f"artifact: {Path(args.out).resolve()}")
     return 0
@@ -156,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precisions", default="fp32,fp16,int8", help="comma-separated (default: fp32,fp16,int8)")
     p.add_argument("--opset", type=int, default=None, help="ONNX opset (default: optimum's choice)")
     p.add_argument("--no-validate", action="store_true", help="skip validation against PyTorch on the probe set")
+    p.add_argument("--int8-recipe", default="dynamic", choices=["dynamic", "ffn-blockwise"],
+                   help="dynamic (default: fastest) or ffn-blockwise (FFN MatMuls as 8-bit blockwise MatMulNBits: "
+                   "closer to fp32, slower)")
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("checkpoint", help="build a seeded random DeBERTa checkpoint locally (no hub)")

@@ -83,6 +83,36 @@ def test_int8_agrees_with_fp32_on_argmax(art_v1: Path) -> None:
     assert np.mean(fp32.argmax(1) == int8.argmax(1)) >= INT8_MIN_PROBE_AGREEMENT
 
 
+@pytest.mark.parametrize("ck", ["ckpt_v1", "ckpt_v2"])
+def test_ffn_blockwise_int8_recipe(ck: str, request: pytest.FixtureRequest, workdir: Path) -> None:
+    """The FFN MatMuls become 8-bit blockwise MatMulNBits, the rest dynamic INT8; closer to fp32 than dynamic."""
+    import onnx
+
+    from fastnli.engine.precision import INT8_RECIPES
+
+    ckpt = request.getfixturevalue(ck)
+    out = workdir / f"art_{ck}_blockwise"
+    m = export(ckpt, out, precisions=("fp32", "int8"), int8_recipe=INT8_RECIPES["ffn-blockwise"])
+    layers = json.loads((ckpt / "config.json").read_text())["num_hidden_layers"]
+    recipe = m.precisions["int8"].recipe
+    assert recipe["blockwise"]["converted"] == 2 * layers and recipe["blockwise"]["block_size"] == 128
+    ops = [n.op_type for n in onnx.load(str(out / "model_int8.onnx")).graph.node]
+    assert ops.count("MatMulNBits") == 2 * layers and "DynamicQuantizeLinear" in ops  # attention stays dynamic
+    assert not list(out.glob("*.blockwise"))  # the staged graph is gone
+    pairs = probe_pairs()
+    fp32 = NLIEngine(out, device="cpu", precision="fp32").predict(pairs)
+    block = NLIEngine(out, device="cpu", precision="int8").predict(pairs)
+    assert np.mean(fp32.argmax(1) == block.argmax(1)) >= INT8_MIN_PROBE_AGREEMENT
+
+
+def test_blockwise_recipe_that_matches_nothing_is_refused(art_v1: Path, tmp_path: Path) -> None:
+    from fastnli.engine.precision import blockwise_matmuls
+
+    with pytest.raises(ValueError, match=re.escape("blockwise INT8: no MatMul of")):
+        blockwise_matmuls(art_v1 / "model_fp32.onnx", tmp_path / "x.onnx",
+                          {"bits": 8, "block_size": 32, "accuracy_level": 4, "match": ["/no_such_layer/"]})
+
+
 @pytest.mark.parametrize("order", ["cne", "cen", "enc"])
 def test_label_orders_map_to_canonical(order: str, workdir: Path) -> None:
     ck = build_checkpoint(workdir / f"ck_order_{order}", arch="deberta", size="tiny", seed=0, label_order=order)
