@@ -125,23 +125,3 @@ def score_unique(
         stats.real_tokens += plan.real_tokens
         stats.padded_tokens += plan.padded_tokens
     return out
-    want_types = "token_type_ids" in input_names
-    flat, offsets, flat_types = tokenizer.encode(premises, hypotheses, with_type_ids=want_types)
-    plan = plan_batches(np.diff(offsets), policy.max_batch_tokens, policy.max_batch_size, policy.pad_multiple)
-    cols = np.asarray(columns, dtype=np.int64)
-    for b in range(plan.num_batches):
-        rows = plan.batch_rows(b)
-        ids, mask, types = fill_batch(flat, offsets, rows, int(plan.seq_lens[b]), pad_id, flat_types)
-        feed = {"input_ids": ids, "attention_mask": mask}
-        if want_types and types is not None:
-            feed["token_type_ids"] = types
-        logits = run({k: v for k, v in feed.items() if k in input_names})
-        out[rows] = softmax(logits)[:, cols]
-        if progress is not None:
-            progress(len(rows), n)
-    if stats is not None:
-        stats.unique_pairs += n
-        stats.batches += plan.num_batches
-        stats.real_tokens += plan.real_tokens
-        stats.padded_tokens += plan.padded_tokens
-    return out
