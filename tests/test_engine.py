@@ -306,8 +306,16 @@ def test_cpu_streams_rule(art_v1: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert cpu_streams(SessionConfig(streams=0), graph) == (MAX_AUTO_STREAMS, 2)
     assert cpu_streams(SessionConfig(streams=3, intra_op_threads=1), graph) == (3, 1)
     assert cpu_streams(SessionConfig(streams=1), graph) == (1, 0)  # one stream: ORT's own default threads
+    # auto with a thread budget (a Ray actor's CPUs): the budget is divided, never exceeded
+    assert cpu_streams(SessionConfig(streams=0, intra_op_threads=1), graph) == (1, 1)
+    assert cpu_streams(SessionConfig(streams=0, intra_op_threads=2), graph) == (2, 1)
+    assert cpu_streams(SessionConfig(streams=0, intra_op_threads=6), graph) == (MAX_AUTO_STREAMS, 1)
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    assert cpu_streams(SessionConfig(streams=0), graph) == (1, 0)  # one core: one session
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
     monkeypatch.setattr("fastnli.engine.session.SMALL_GRAPH_BYTES", 1)
     assert cpu_streams(SessionConfig(streams=0), graph) == (1, 0)  # a large graph stays one session
+    assert cpu_streams(SessionConfig(streams=0, intra_op_threads=3), graph) == (1, 3)
 
 
 def test_streams_give_the_same_probabilities_in_input_order(art_v1: Path) -> None:

@@ -35,7 +35,8 @@ class NLIScorer:
         artifact: the shared export artifact.
         device: the engine's device (``"cuda"`` for GPU actors, ``"cpu"`` otherwise; CUDA falls back to CPU).
         precision: the engine's precision (``"auto"``: FP16 on CUDA, the manifest's CPU choice otherwise).
-        threads: ONNX Runtime intra-op threads (the actor's CPUs; 0: ORT's default of one per core).
+        threads: the actor's CPU threads (its reserved CPUs; 0: all cores), divided among CPU streams for a small
+            graph (:func:`fastnli.engine.session.cpu_streams`), so an actor never runs more threads than it has.
         scorers, use_best, max_length: as :func:`fastnli.score`.
         response_column, samples_column: the input columns (a string, and a list of strings).
         id_column: a column whose value names a row in error messages (default: the row's place in its batch).

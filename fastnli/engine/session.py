@@ -23,8 +23,10 @@ class SessionConfig:
     """ONNX Runtime settings.
 
     Attributes:
-        intra_op_threads: threads for one operator of one session; 0 lets ORT use one per physical core, or with
-            several streams the cores divided among them (default 0, or ``FASTNLI_THREADS``).
+        intra_op_threads: the CPU threads to use (default 0, or ``FASTNLI_THREADS``). 0: all cores (ORT's one per
+            physical core; with several streams, the cores divided among them). With auto ``streams`` a positive
+            value is the engine's core budget, divided among the streams; with explicit ``streams`` it is the
+            threads of each stream.
         inter_op_threads: threads across independent operators (default 1: DeBERTa's graph is a chain).
         cuda_device_id: GPU ordinal for the CUDA provider (default 0).
         optimization: ORT graph optimisation level: ``"all"`` (default), ``"extended"``, ``"basic"``, ``"none"``.
@@ -49,17 +51,20 @@ MAX_AUTO_STREAMS = 4
 def cpu_streams(config: SessionConfig, graph: str | Path) -> tuple[int, int]:
     """``(streams, intra_op_threads per stream)`` for a CPU graph under ``config``.
 
-    Auto (``streams=0``): one stream per core (at most :data:`MAX_AUTO_STREAMS`) for graphs under
-    :data:`SMALL_GRAPH_BYTES`, else one. ``intra_op_threads=0`` with several streams divides the cores among them.
+    Auto (``streams=0``): for graphs under :data:`SMALL_GRAPH_BYTES` one single-threaded stream per core of the
+    budget (``intra_op_threads`` when positive, else all cores; at most :data:`MAX_AUTO_STREAMS` streams, the cores
+    divided among them), else one session with ``intra_op_threads``. Explicit ``streams`` with
+    ``intra_op_threads=0`` divides all cores among them.
     """
-    cores = os.cpu_count() or 1
-    streams = config.streams
+    streams, threads = config.streams, config.intra_op_threads
     if streams <= 0:
-        small = Path(graph).stat().st_size < SMALL_GRAPH_BYTES
-        streams = max(1, min(cores, MAX_AUTO_STREAMS)) if small else 1
-    threads = config.intra_op_threads
+        cores = threads if threads > 0 else os.cpu_count() or 1
+        if Path(graph).stat().st_size >= SMALL_GRAPH_BYTES or cores == 1:
+            return 1, threads
+        streams = min(cores, MAX_AUTO_STREAMS)
+        return streams, max(1, cores // streams)
     if threads <= 0 and streams > 1:
-        threads = max(1, cores // streams)
+        threads = max(1, (os.cpu_count() or 1) // streams)
     return streams, threads
 
 
