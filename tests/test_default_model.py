@@ -50,6 +50,17 @@ def test_quality_gate(engine: NLIEngine, split: str) -> None:
     assert abs(agreement - gate["int8_fp32_agreement"]) <= AGREEMENT_MARGIN, (split, agreement, gate)
 
 
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present")
+def test_scores_do_not_depend_on_the_batch(engine: NLIEngine) -> None:
+    """The shipped blockwise INT8 graph: a pair scores the same whatever else is in the call and in what order."""
+    rows = [json.loads(x) for x in (SHARED_DATA / "dev.jsonl").read_text().splitlines()]
+    pairs = [(r["premise"], r["hypothesis"]) for r in rows if r["source"] == "snli/dev"][:600]
+    together = engine.predict(pairs)
+    np.testing.assert_allclose(engine.predict(pairs[::-1])[::-1], together, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(np.concatenate([engine.predict(pairs[i:i + 3]) for i in range(0, 600, 50)]),
+                               np.concatenate([together[i:i + 3] for i in range(0, 600, 50)]), rtol=0, atol=1e-6)
+
+
 def test_default_is_used_everywhere_without_torch(tmp_path: Path) -> None:
     """Engine, scorers and CLI with no model: the embedded one, and neither torch nor transformers is imported."""
     src = tmp_path / "in.jsonl"

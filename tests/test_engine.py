@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import RAGGED_PAIRS, torch_probs
 
-from fastnli.engine import NLIEngine, export, read_manifest
+from fastnli.engine import NLIEngine, SessionConfig, export, read_manifest
 from fastnli.engine.labels import canonical_columns
 from fastnli.engine.probe import probe_pairs
 from fastnli.synthetic import build_checkpoint
@@ -103,6 +103,41 @@ def test_ffn_blockwise_int8_recipe(ck: str, request: pytest.FixtureRequest, work
     fp32 = NLIEngine(out, device="cpu", precision="fp32").predict(pairs)
     block = NLIEngine(out, device="cpu", precision="int8").predict(pairs)
     assert np.mean(fp32.argmax(1) == block.argmax(1)) >= INT8_MIN_PROBE_AGREEMENT
+
+
+@pytest.mark.parametrize("ck", ["ckpt_v1", "ckpt_v2"])
+def test_blockwise_int8_recipe_is_batch_invariant(ck: str, request: pytest.FixtureRequest, workdir: Path) -> None:
+    """Every weight MatMul blockwise, nothing per tensor: a pair's probabilities do not depend on its batch."""
+    import onnx
+
+    from fastnli.engine.precision import INT8_RECIPES
+
+    ckpt = request.getfixturevalue(ck)
+    out = workdir / f"art_{ck}_allblock"
+    m = export(ckpt, out, precisions=("fp32", "int8"), int8_recipe=INT8_RECIPES["blockwise"])
+    ops = [n.op_type for n in onnx.load(str(out / "model_int8.onnx")).graph.node]
+    weight_matmuls = m.precisions["int8"].recipe["blockwise"]["converted"]
+    assert ops.count("MatMulNBits") == weight_matmuls >= 4 * json.loads((ckpt / "config.json").read_text())[
+        "num_hidden_layers"]
+    assert "DynamicQuantizeLinear" not in ops and "MatMulInteger" not in ops
+    engine = NLIEngine(out, device="cpu", precision="int8", session_config=SessionConfig(streams=1))
+    pairs = _many_pairs(120)
+    together = engine.predict(pairs)
+    reversed_ = engine.predict(pairs[::-1])[::-1]
+    alone = np.concatenate([engine.predict(pairs[i:i + 1]) for i in range(0, 120, 7)])
+    # other batch-mates and padded lengths change only float rounding (dynamic INT8 moves these by ~5e-3)
+    np.testing.assert_allclose(together, reversed_, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(together[::7], alone, rtol=0, atol=1e-6)
+    fp32 = NLIEngine(out, device="cpu", precision="fp32").predict(pairs)
+    assert np.mean(fp32.argmax(1) == together.argmax(1)) >= INT8_MIN_PROBE_AGREEMENT
+
+
+def test_int8_recipe_that_quantizes_nothing_is_refused(art_v1: Path, tmp_path: Path) -> None:
+    from fastnli.engine.precision import INT8_RECIPE, to_int8
+
+    with pytest.raises(ValueError, match="an INT8 recipe with no op_types quantizes nothing; give op_types or a "
+                                         "blockwise section"):
+        to_int8(art_v1 / "model_fp32.onnx", tmp_path / "x.onnx", {**INT8_RECIPE, "op_types": []})
 
 
 def test_blockwise_recipe_that_matches_nothing_is_refused(art_v1: Path, tmp_path: Path) -> None:

@@ -68,6 +68,16 @@ SOURCE_LICENCES = {  # from the data README; recorded for the model card
 UNSEEN_PREMISE_NAME = "lingnli/val[unseen-premise]"
 
 
+def selection_text(select_on: str, slice_rows: int, eval_every: int) -> str:
+    """How the saved checkpoint was chosen, for the training log and the model card."""
+    if select_on == "full":
+        return (f"best accuracy on the full {SELECT_SOURCE}, evaluated at each epoch end (and at a stop)"
+                + (f"; the evaluations every {eval_every} steps use the {slice_rows}-pair slice and only log"
+                   if eval_every else ""))
+    return (f"best accuracy on the fixed {slice_rows}-pair slice of {SELECT_SOURCE} (numpy default_rng(0)), "
+            f"evaluated {f'every {eval_every} steps and ' if eval_every else ''}at each epoch end")
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Arguments
 
@@ -722,8 +732,7 @@ def main(argv: list[str] | None = None) -> int:
             "schedule": "linear warm-up then linear decay to 0",
             "loss": f"cross-entropy, label smoothing {args.label_smoothing}",
             "batching": f"length-bucketed ({args.bucket_batches} batches per bucket), dynamic padding",
-            "selection": f"best accuracy on the fixed {len(dev_slice)}-pair slice of {SELECT_SOURCE} "
-            "(numpy default_rng(0)), evaluated every eval-every steps and at each epoch end",
+            "selection": selection_text(args.select_on, len(dev_slice), args.eval_every),
             "seed": args.seed,
             "deterministic_algorithms": not args.no_deterministic,
             "precision": "bf16 autocast (fp32 weights)" if args.bf16 else "fp32",
