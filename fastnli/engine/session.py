@@ -42,8 +42,9 @@ class SessionConfig:
 
 
 #: Graphs below this size (bytes) get one CPU stream per core when ``streams`` is auto: a small model's operators
-#: are too small to spread over threads well. Measured on 2 cores: the 36 MB MiniLM INT8 graph scored snli/dev 1.3x
-#: faster as 2 sessions x 1 thread than as 1 session x 2 threads; the 567 MB DeBERTa-large INT8 graph ran no faster.
+#: are too small to spread over threads well. Measured on 2 cores: the 36 MB MiniLM dynamic INT8 graph scored
+#: snli/dev 1.3x faster as 2 sessions x 1 thread than as 1 session x 2 threads, its blockwise INT8 graph 1.05x; the
+#: 567 MB DeBERTa-large INT8 graph ran no faster.
 SMALL_GRAPH_BYTES = 100 * 10**6
 MAX_AUTO_STREAMS = 4
 
