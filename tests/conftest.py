@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,27 @@ def _need_export_extra() -> None:
     pytest.importorskip("torch")
     pytest.importorskip("optimum.exporters.onnx")
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "nli-data"
+
+def _shared_data() -> Path:
+    """``../shared/nli-data`` beside the repository: ``$FASTNLI_NLI_DATA``, else beside this checkout, else beside
+    the repository it was cloned from (CI runs on a clone made elsewhere)."""
+    if os.environ.get("FASTNLI_NLI_DATA"):
+        return Path(os.environ["FASTNLI_NLI_DATA"])
+    repo = Path(__file__).resolve().parents[1]
+    here = repo.parent / "shared" / "nli-data"
+    if here.is_dir():
+        return here
+    try:
+        origin = subprocess.run(["git", "-C", str(repo), "config", "--get", "remote.origin.url"],
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        origin = ""
+    if origin and Path(origin).is_dir():
+        return Path(origin).resolve().parent / "shared" / "nli-data"
+    return here
+
+
+SHARED_DATA = _shared_data()
 
 RAGGED_PAIRS = [
     ("A man is playing a guitar on stage.", "A man is performing music."),

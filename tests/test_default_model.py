@@ -35,7 +35,7 @@ def test_default_model_ships_int8_within_budget(engine: NLIEngine) -> None:
     assert (DEFAULT_MODEL_DIR / "MODEL_CARD.md").is_file()
 
 
-@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present")
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
 @pytest.mark.parametrize("split", ["snli/dev", "lingnli/val"])
 def test_quality_gate(engine: NLIEngine, split: str) -> None:
     gate = QUALITY["gate"][split]
@@ -50,7 +50,7 @@ def test_quality_gate(engine: NLIEngine, split: str) -> None:
     assert abs(agreement - gate["int8_fp32_agreement"]) <= AGREEMENT_MARGIN, (split, agreement, gate)
 
 
-@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present")
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
 def test_scores_do_not_depend_on_the_batch(engine: NLIEngine) -> None:
     """The shipped blockwise INT8 graph: a pair scores the same whatever else is in the call and in what order."""
     rows = [json.loads(x) for x in (SHARED_DATA / "dev.jsonl").read_text().splitlines()]
