@@ -97,6 +97,10 @@ def recipe_text(q: dict[str, Any]) -> str:
     dyn = order.get("int8-dynamic")
     dyn_moved = (f" (plain dynamic INT8: up to {dyn['max_abs_dprob']:.2g}, {dyn['labels_flipped']} labels flipped)"
                  if dyn else "")
+    if "blockwise" not in r:
+        return (f"Dynamic INT8: one activation scale per batch. Scoring the first {shift['pairs']:,} snli/dev pairs "
+                f"in reverse order (other batches of equal-length pairs) {moved}. The embedding tables are stored in "
+                "fp16 or 8-bit to fit the 50 MB budget.")
     where = ("Every weight MatMul is" if not r["op_types"] else
              "The feed-forward MatMuls are")
     rest = ("Nothing is quantized per tensor; the pooler and classifier stay fp32." if not r["op_types"] else
