@@ -64,9 +64,9 @@ _BLOCKS: dict[str, Any] = {"bits": 8, "block_size": 128, "accuracy_level": 4}
 #: ==============  =================  =======  ==========================================
 #: recipe          agreement w/ fp32  pairs/s  order moves |Δp| by up to (labels flipped)
 #: ==============  =================  =======  ==========================================
-#: dynamic         97.82%             777      0.37 (78 of 4,000)
+#: dynamic         97.82%             783      0.37 (78 of 4,000)
 #: ffn-blockwise   99.34%             560      0.18 (29 of 4,000)
-#: blockwise       99.49%             462      0 (bit-identical)
+#: blockwise       99.49%             469      0 (bit-identical)
 #: ==============  =================  =======  ==========================================
 #:
 #: ``dynamic`` (the export default: fastest), ``ffn-blockwise`` (the FFN MatMuls blockwise, the rest dynamic),
