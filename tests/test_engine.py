@@ -8,6 +8,7 @@ import logging
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -83,20 +84,25 @@ def test_int8_agrees_with_fp32_on_argmax(art_v1: Path) -> None:
     assert np.mean(fp32.argmax(1) == int8.argmax(1)) >= INT8_MIN_PROBE_AGREEMENT
 
 
-@pytest.mark.parametrize("ck", ["ckpt_v1", "ckpt_v2"])
-def test_ffn_blockwise_int8_recipe(ck: str, request: pytest.FixtureRequest, workdir: Path) -> None:
-    """The FFN MatMuls become 8-bit blockwise MatMulNBits, the rest dynamic INT8; closer to fp32 than dynamic."""
+def _export_int8_recipe(ckpt: Path, out: Path, name: str) -> tuple[dict[str, Any], list[str], int]:
+    """Export ``ckpt`` (fp32 + INT8 with the named recipe) to ``out``; returns the INT8 recipe as recorded in the
+    manifest, the INT8 graph's op types and the checkpoint's layer count."""
     import onnx
 
     from fastnli.engine.precision import INT8_RECIPES
 
-    ckpt = request.getfixturevalue(ck)
-    out = workdir / f"art_{ck}_blockwise"
-    m = export(ckpt, out, precisions=("fp32", "int8"), int8_recipe=INT8_RECIPES["ffn-blockwise"])
-    layers = json.loads((ckpt / "config.json").read_text())["num_hidden_layers"]
-    recipe = m.precisions["int8"].recipe
-    assert recipe["blockwise"]["converted"] == 2 * layers and recipe["blockwise"]["block_size"] == 128
+    m = export(ckpt, out, precisions=("fp32", "int8"), int8_recipe=INT8_RECIPES[name])
     ops = [n.op_type for n in onnx.load(str(out / "model_int8.onnx")).graph.node]
+    layers = json.loads((ckpt / "config.json").read_text())["num_hidden_layers"]
+    return m.precisions["int8"].recipe, ops, layers
+
+
+@pytest.mark.parametrize("ck", ["ckpt_v1", "ckpt_v2"])
+def test_ffn_blockwise_int8_recipe(ck: str, request: pytest.FixtureRequest, workdir: Path) -> None:
+    """The FFN MatMuls become 8-bit blockwise MatMulNBits, the rest dynamic INT8; closer to fp32 than dynamic."""
+    out = workdir / f"art_{ck}_blockwise"
+    recipe, ops, layers = _export_int8_recipe(request.getfixturevalue(ck), out, "ffn-blockwise")
+    assert recipe["blockwise"]["converted"] == 2 * layers and recipe["blockwise"]["block_size"] == 128
     assert ops.count("MatMulNBits") == 2 * layers and "DynamicQuantizeLinear" in ops  # attention stays dynamic
     assert not list(out.glob("*.blockwise"))  # the staged graph is gone
     pairs = probe_pairs()
@@ -108,17 +114,9 @@ def test_ffn_blockwise_int8_recipe(ck: str, request: pytest.FixtureRequest, work
 @pytest.mark.parametrize("ck", ["ckpt_v1", "ckpt_v2"])
 def test_blockwise_int8_recipe_is_batch_invariant(ck: str, request: pytest.FixtureRequest, workdir: Path) -> None:
     """Every weight MatMul blockwise, nothing per tensor: a pair's probabilities do not depend on its batch."""
-    import onnx
-
-    from fastnli.engine.precision import INT8_RECIPES
-
-    ckpt = request.getfixturevalue(ck)
     out = workdir / f"art_{ck}_allblock"
-    m = export(ckpt, out, precisions=("fp32", "int8"), int8_recipe=INT8_RECIPES["blockwise"])
-    ops = [n.op_type for n in onnx.load(str(out / "model_int8.onnx")).graph.node]
-    weight_matmuls = m.precisions["int8"].recipe["blockwise"]["converted"]
-    assert ops.count("MatMulNBits") == weight_matmuls >= 4 * json.loads((ckpt / "config.json").read_text())[
-        "num_hidden_layers"]
+    recipe, ops, layers = _export_int8_recipe(request.getfixturevalue(ck), out, "blockwise")
+    assert ops.count("MatMulNBits") == recipe["blockwise"]["converted"] >= 4 * layers
     assert "DynamicQuantizeLinear" not in ops and "MatMulInteger" not in ops
     engine = NLIEngine(out, device="cpu", precision="int8", session_config=SessionConfig(streams=1))
     pairs = _many_pairs(120)
