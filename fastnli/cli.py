@@ -159,10 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precisions", default="fp32,fp16,int8", help="comma-separated (default: fp32,fp16,int8)")
     p.add_argument("--opset", type=int, default=None, help="ONNX opset (default: optimum's choice)")
     p.add_argument("--no-validate", action="store_true", help="skip validation against PyTorch on the probe set")
-    p.add_argument("--int8-recipe", default="dynamic", choices=["dynamic", "ffn-blockwise", "blockwise"],
-                   help="dynamic (default: fastest), ffn-blockwise (FFN MatMuls as 8-bit blockwise MatMulNBits: "
-                   "closer to fp32, slower) or blockwise (every MatMul: closest to fp32, scores independent of the "
-                   "batch, slowest)")
+    p.add_argument("--int8-recipe", default="dynamic",
+                   choices=["dynamic", "outlier-split", "static", "ffn-blockwise", "blockwise"],
+                   help="dynamic (default: fastest), outlier-split (dynamic, FFN activation outliers in fp32 "
+                   "branches: closer to fp32), static (outlier split + activation ranges fixed at export: scores "
+                   "independent of the batch, calibrated on the probe set), ffn-blockwise (FFN MatMuls as 8-bit "
+                   "blockwise MatMulNBits) or blockwise (every MatMul: scores independent of the batch, slowest)")
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("checkpoint", help="build a seeded random DeBERTa checkpoint locally (no hub)")

@@ -97,6 +97,25 @@ def _export_int8_recipe(ckpt: Path, out: Path, name: str) -> tuple[dict[str, Any
     return m.precisions["int8"].recipe, ops, layers
 
 
+def _assert_int8_agrees_on_probe_set(out: Path) -> None:
+    pairs = probe_pairs()
+    fp32 = NLIEngine(out, device="cpu", precision="fp32").predict(pairs)
+    int8 = NLIEngine(out, device="cpu", precision="int8").predict(pairs)
+    assert np.mean(fp32.argmax(1) == int8.argmax(1)) >= INT8_MIN_PROBE_AGREEMENT
+
+
+def _assert_batch_invariant_int8(out: Path) -> None:
+    """Other batch-mates and padded lengths change only float rounding (dynamic INT8 moves these by ~5e-3)."""
+    engine = NLIEngine(out, device="cpu", precision="int8", session_config=SessionConfig(streams=1))
+    pairs = _many_pairs(120)
+    together = engine.predict(pairs)
+    np.testing.assert_allclose(engine.predict(pairs[::-1])[::-1], together, rtol=0, atol=1e-6)
+    alone = np.concatenate([engine.predict(pairs[i:i + 1]) for i in range(0, 120, 7)])
+    np.testing.assert_allclose(together[::7], alone, rtol=0, atol=1e-6)
+    fp32 = NLIEngine(out, device="cpu", precision="fp32").predict(pairs)
+    assert np.mean(fp32.argmax(1) == together.argmax(1)) >= INT8_MIN_PROBE_AGREEMENT
+
+
 @pytest.mark.parametrize("ck", ["ckpt_v1", "ckpt_v2"])
 def test_ffn_blockwise_int8_recipe(ck: str, request: pytest.FixtureRequest, workdir: Path) -> None:
     """The FFN MatMuls become 8-bit blockwise MatMulNBits, the rest dynamic INT8; closer to fp32 than dynamic."""
@@ -105,10 +124,7 @@ def test_ffn_blockwise_int8_recipe(ck: str, request: pytest.FixtureRequest, work
     assert recipe["blockwise"]["converted"] == 2 * layers and recipe["blockwise"]["block_size"] == 128
     assert ops.count("MatMulNBits") == 2 * layers and "DynamicQuantizeLinear" in ops  # attention stays dynamic
     assert not list(out.glob("*.blockwise"))  # the staged graph is gone
-    pairs = probe_pairs()
-    fp32 = NLIEngine(out, device="cpu", precision="fp32").predict(pairs)
-    block = NLIEngine(out, device="cpu", precision="int8").predict(pairs)
-    assert np.mean(fp32.argmax(1) == block.argmax(1)) >= INT8_MIN_PROBE_AGREEMENT
+    _assert_int8_agrees_on_probe_set(out)
 
 
 @pytest.mark.parametrize("ck", ["ckpt_v1", "ckpt_v2"])
@@ -118,16 +134,73 @@ def test_blockwise_int8_recipe_is_batch_invariant(ck: str, request: pytest.Fixtu
     recipe, ops, layers = _export_int8_recipe(request.getfixturevalue(ck), out, "blockwise")
     assert ops.count("MatMulNBits") == recipe["blockwise"]["converted"] >= 4 * layers
     assert "DynamicQuantizeLinear" not in ops and "MatMulInteger" not in ops
-    engine = NLIEngine(out, device="cpu", precision="int8", session_config=SessionConfig(streams=1))
-    pairs = _many_pairs(120)
-    together = engine.predict(pairs)
-    reversed_ = engine.predict(pairs[::-1])[::-1]
-    alone = np.concatenate([engine.predict(pairs[i:i + 1]) for i in range(0, 120, 7)])
-    # other batch-mates and padded lengths change only float rounding (dynamic INT8 moves these by ~5e-3)
-    np.testing.assert_allclose(together, reversed_, rtol=0, atol=1e-6)
-    np.testing.assert_allclose(together[::7], alone, rtol=0, atol=1e-6)
-    fp32 = NLIEngine(out, device="cpu", precision="fp32").predict(pairs)
-    assert np.mean(fp32.argmax(1) == together.argmax(1)) >= INT8_MIN_PROBE_AGREEMENT
+    _assert_batch_invariant_int8(out)
+
+
+@pytest.mark.parametrize("art", ["art_v1", "art_v2"])
+def test_outlier_split_keeps_the_fp32_function(art: str, request: pytest.FixtureRequest) -> None:
+    """The side branches only regroup the FFN's sums: the rewritten fp32 graph computes the same logits."""
+    import onnx
+    import onnxruntime as ort
+
+    from fastnli.engine.export import calibration_feeds
+    from fastnli.engine.outliers import BRANCH_TAG, split_outliers
+    from fastnli.engine.tokenize import PairTokenizer
+
+    path = request.getfixturevalue(art)
+    m = read_manifest(path)
+    feeds = calibration_feeds(PairTokenizer(path / "tokenizer.json"), probe_pairs(), m.inputs, m.pad_token_id)
+    model = onnx.load(str(path / "model_fp32.onnx"))
+    layers = sum(1 for n in model.graph.node if n.op_type == "MatMul" and "intermediate/dense" in n.name)
+    record = split_outliers(model, {"ffn_neurons": 3, "input_channels": 2}, feeds)
+    onnx.checker.check_model(model)
+    assert len(record["layers"]) == layers >= 2
+    assert all(len(e["neurons"]) == 3 and len(e["channels"]) == 2 for e in record["layers"].values())
+    assert sum(BRANCH_TAG in n.name and n.op_type == "MatMul" for n in model.graph.node) == 3 * layers
+    before = ort.InferenceSession(str(path / "model_fp32.onnx"), providers=["CPUExecutionProvider"])
+    after = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feed in feeds:
+        np.testing.assert_allclose(after.run(None, feed)[0], before.run(None, feed)[0], rtol=0, atol=2e-5)
+
+
+def test_outlier_split_recipe_keeps_its_branches_fp32(ckpt_v2: Path, workdir: Path) -> None:
+    import onnx
+
+    from fastnli.engine.outliers import BRANCH_TAG
+
+    out = workdir / "art_v2_outliers"
+    recipe, _, layers = _export_int8_recipe(ckpt_v2, out, "outlier-split")
+    assert recipe["calibration_pairs"] == len(probe_pairs()) and len(recipe["outliers"]["layers"]) == layers
+    nodes = onnx.load(str(out / "model_int8.onnx")).graph.node
+    branch = [n for n in nodes if BRANCH_TAG in n.name and "MatMul" in n.op_type]
+    assert len(branch) == 3 * layers and {n.op_type for n in branch} == {"MatMul"}  # not quantized
+    assert sum(n.op_type in ("DynamicQuantizeMatMul", "MatMulInteger") for n in nodes) >= 4 * layers
+    assert not list(out.glob("*.split"))  # the staged graph is gone
+    _assert_int8_agrees_on_probe_set(out)
+
+
+@pytest.mark.parametrize("ck", ["ckpt_v1", "ckpt_v2"])
+def test_static_int8_recipe_is_batch_invariant(ck: str, request: pytest.FixtureRequest, workdir: Path) -> None:
+    """Activation ranges fixed at export: a pair scores the same whatever its batch-mates and padded length."""
+    out = workdir / f"art_{ck}_static"
+    recipe, ops, layers = _export_int8_recipe(request.getfixturevalue(ck), out, "static")
+    assert recipe["static"]["quantized_matmuls"] >= 4 * layers and recipe["static"]["percentile"] == 99.999
+    assert "DynamicQuantizeLinear" not in ops and "QuantizeLinear" in ops  # no range measured at run time
+    _assert_batch_invariant_int8(out)
+
+
+def test_outlier_split_recipe_errors(art_v1: Path, tmp_path: Path) -> None:
+    from fastnli.engine.precision import INT8_RECIPES, to_int8
+
+    src, dst = art_v1 / "model_fp32.onnx", tmp_path / "x.onnx"
+    for name in ("outlier-split", "static"):
+        with pytest.raises(ValueError, match=re.escape("the INT8 recipe calibrates ('outliers' section or 'method': "
+                                                       "'static'): pass calibration=[feed dicts]")):
+            to_int8(src, dst, INT8_RECIPES[name])
+    both = {**INT8_RECIPES["outlier-split"], "blockwise": INT8_RECIPES["blockwise"]["blockwise"]}
+    with pytest.raises(ValueError, match=re.escape("an INT8 recipe takes a 'blockwise' section or calibrated ranges "
+                                                   "('outliers', 'method': 'static'), not both")):
+        to_int8(src, dst, both, [{}])
 
 
 def test_int8_recipe_that_quantizes_nothing_is_refused(art_v1: Path, tmp_path: Path) -> None:
@@ -380,3 +453,25 @@ def test_an_error_in_one_stream_is_raised(art_v1: Path) -> None:
     eng._sessions[1] = Broken()
     with pytest.raises(RuntimeError, match="stream two is broken"):
         eng.predict(_many_pairs())
+
+
+def test_cpu_sessions_leave_out_the_slow_rewrites(art_v1: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU sessions are built without ``SkipLayerNormFusion`` (slower on CPU in ORT 1.31); CUDA keeps every rewrite;
+    a config can give its own list."""
+    import onnxruntime as ort
+
+    from fastnli.engine.session import CPU_DISABLED_OPTIMIZERS, create_session
+
+    seen: list[list[str]] = []
+    real = ort.InferenceSession
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(list(kwargs.get("disabled_optimizers", [])))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", spy)
+    graph = art_v1 / "model_int8.onnx"
+    assert create_session(graph, "cpu", SessionConfig())[1] == "cpu"
+    create_session(graph, "cuda", SessionConfig())  # falls back to CPU here: a CUDA session's options either way
+    create_session(graph, "cpu", SessionConfig(cpu_disabled_optimizers=()))
+    assert seen == [list(CPU_DISABLED_OPTIMIZERS), [], []] and "SkipLayerNormFusion" in CPU_DISABLED_OPTIMIZERS

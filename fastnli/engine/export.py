@@ -32,7 +32,7 @@ from fastnli.engine.manifest import (
     checkpoint_hash,
     sha256_file,
 )
-from fastnli.engine.precision import to_fp16, to_int8
+from fastnli.engine.precision import needs_calibration, to_fp16, to_int8
 from fastnli.engine.probe import probe_pairs
 from fastnli.engine.runner import CPU_POLICY, score_unique
 from fastnli.engine.tokenize import PairTokenizer
@@ -118,6 +118,22 @@ def onnx_probs(graph: Path, tokenizer: PairTokenizer, pairs: Sequence[tuple[str,
     return probs, time.perf_counter() - t0
 
 
+def calibration_feeds(tokenizer: PairTokenizer, pairs: Sequence[tuple[str, str]], input_names: Sequence[str],
+                      pad_id: int, rows: int = 32) -> list[dict[str, np.ndarray]]:
+    """The graph's input dicts for ``pairs``, length-sorted batches of up to ``rows`` pairs (INT8 calibration)."""
+    from fastnli.kernels import fill_batch, plan_batches
+
+    want_types = "token_type_ids" in input_names
+    flat, offsets, types = tokenizer.encode([p for p, _ in pairs], [h for _, h in pairs], with_type_ids=want_types)
+    plan = plan_batches(np.diff(offsets), 1 << 30, rows, 1)
+    feeds = []
+    for b in range(plan.num_batches):
+        ids, mask, tt = fill_batch(flat, offsets, plan.batch_rows(b), int(plan.seq_lens[b]), pad_id, types)
+        feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": tt}
+        feeds.append({k: v for k, v in feed.items() if k in input_names and v is not None})
+    return feeds
+
+
 def _validation(ref: np.ndarray, got: np.ndarray, seconds: float) -> Validation:
     d = np.abs(ref.astype(np.float64) - got.astype(np.float64))
     return Validation(n_pairs=len(ref), max_abs_dprob=float(d.max()), mean_abs_dprob=float(d.mean()),
@@ -144,6 +160,7 @@ def export(
     opset: int | None = None,
     validate: bool = True,
     int8_recipe: dict[str, Any] | None = None,
+    calibration_pairs: Sequence[tuple[str, str]] | None = None,
 ) -> Manifest:
     """Export ``model`` (HF hub id or local checkpoint directory) to an ONNX artifact in ``out_dir``.
 
@@ -156,6 +173,8 @@ def export(
         validate: score the probe set with PyTorch fp32 and every graph and record the agreement (default True).
         int8_recipe: overrides :data:`fastnli.engine.precision.INT8_RECIPE` (e.g. ``op_types`` with ``"Gather"`` to
             quantize the embedding tables too, as the embedded default model does to fit its size budget).
+        calibration_pairs: (premise, hypothesis) pairs the INT8 recipes that calibrate (``"outliers"``,
+            ``"method": "static"``) measure activations on (default: the built-in probe set); unused by the others.
 
     Returns:
         The written manifest.
@@ -188,6 +207,7 @@ def export(
         hf_tok.save_pretrained(tmp)
         if not (tmp / "tokenizer.json").is_file():
             raise ValueError(f"{source}: its tokenizer has no fast (tokenizer.json) form; fastnli needs one")
+        pad_id = int(hf_tok.pad_token_id if hf_tok.pad_token_id is not None else 0)
         max_length = int(min(getattr(hf_tok, "model_max_length", 512) or 512,
                              config.get("max_position_embeddings", 512) or 512))
 
@@ -202,9 +222,14 @@ def export(
         if "fp16" in wanted:
             recipes["fp16"] = to_fp16(tmp / GRAPH_FILES["fp32"], tmp / GRAPH_FILES["fp16"])
         if "int8" in wanted:
-            recipes["int8"] = to_int8(tmp / GRAPH_FILES["fp32"], tmp / GRAPH_FILES["int8"], int8_recipe)
+            feeds = None
+            if needs_calibration(int8_recipe):
+                feeds = calibration_feeds(PairTokenizer(tmp / "tokenizer.json", max_length),
+                                          calibration_pairs or probe_pairs(), inputs, pad_id)
+            recipes["int8"] = to_int8(tmp / GRAPH_FILES["fp32"], tmp / GRAPH_FILES["int8"], int8_recipe, feeds)
+            if feeds is not None:
+                recipes["int8"]["calibration_pairs"] = len(calibration_pairs or probe_pairs())
 
-        pad_id = int(hf_tok.pad_token_id if hf_tok.pad_token_id is not None else 0)
         entries: dict[str, PrecisionEntry] = {}
         validations: dict[str, Validation] = {}
         if validate:

@@ -1,0 +1,110 @@
+"""Static INT8 (recipe ``"method": "static"``): activation ranges fixed at export time, so a pair's scores do not
+depend on the other pairs of its batch.
+
+Dynamic INT8 measures each MatMul input's range on the whole batch at run time (padding included), so batch-mates
+move a pair's probabilities. Here every quantized MatMul input gets one range, measured once on calibration
+batches over the real tokens only and clipped at a percentile (default 99.999: the top and bottom 0.001% of the
+values are clipped; the plain min/max lets a handful of extreme values set the scale). The graph is written in
+ONNX QDQ form with fp32 MatMul outputs, which ONNX Runtime runs as ``QuantizeLinear`` + ``MatMulIntegerToFloat``
+(int8 VNNI kernels), with weights int8 per output channel.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def session_with_outputs(model: Any, tensors: list[str]) -> tuple[Any, list[int]]:
+    """A CPU session of ``model`` that also returns ``tensors``, and their output positions."""
+    import onnx
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    for name in tensors:
+        probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return sess, [names.index(t) for t in tensors]
+
+
+def percentile_ranges(model: Any, tensors: list[str], feeds: list[dict[str, np.ndarray]],
+                      percentile: float) -> dict[str, tuple[float, float]]:
+    """``(low, high)`` of each tensor over the real tokens of ``feeds``: the ``100 - percentile`` and
+    ``percentile`` percentiles of its values (from the tails kept batch by batch: exact for per-token tensors), widened
+    to include 0.
+    """
+    sess, where = session_with_outputs(model, tensors)
+    real_tokens = sum(int(f["attention_mask"].sum()) for f in feeds)
+    tails: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    keep: dict[str, int] = {}
+    for feed in feeds:
+        real = feed["attention_mask"].astype(bool)
+        out = sess.run(None, feed)
+        for t, i in zip(tensors, where):
+            a = out[i]  # per-token tensors: the real tokens only; others (DeBERTa's position projections): all
+            v = (a[real] if a.shape[:2] == real.shape else a).ravel()
+            if t not in keep:  # values beyond the percentile, +1: the rank that gives the percentile itself
+                count = real_tokens * a.shape[-1] if a.shape[:2] == real.shape else a.size * len(feeds)
+                keep[t] = math.ceil(count * (100.0 - percentile) / 100.0) + 1
+                tails[t] = (np.empty(0, np.float32), np.empty(0, np.float32))
+            lo, hi = np.concatenate([tails[t][0], v]), np.concatenate([tails[t][1], v])
+            n = keep[t]
+            if lo.size > n:
+                lo = np.partition(lo, n - 1)[:n]
+                hi = np.partition(hi, hi.size - n)[-n:]
+            tails[t] = (lo, hi)
+    return {t: (min(float(tails[t][0].max()), 0.0), max(float(tails[t][1].min()), 0.0)) for t in tensors}
+
+
+def quantize_static_int8(model: Any, dst: str | Path, recipe: dict[str, Any], feeds: list[dict[str, np.ndarray]],
+                         exclude: list[str]) -> dict[str, Any]:
+    """Write the static INT8 graph of ``model`` (an ``onnx.ModelProto``) to ``dst``; returns what to record.
+
+    The constant-weight MatMuls of the graph are quantized but those named in ``exclude``; their inputs get the
+    ranges of :func:`percentile_ranges` at ``recipe["static"]["percentile"]``.
+    """
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    pct = float(recipe["static"]["percentile"])
+    consts = {i.name for i in model.graph.initializer}
+    quantized = [n for n in model.graph.node
+                 if n.op_type in recipe["op_types"] and len(n.input) > 1 and n.input[1] in consts
+                 and n.name not in exclude]
+    acts = sorted({n.input[0] for n in quantized})
+    names = {n.name for n in quantized}
+    ranges = percentile_ranges(model, acts, feeds, pct)
+    overrides = {t: [{"rmin": np.array(lo, np.float32), "rmax": np.array(hi, np.float32)}]
+                 for t, (lo, hi) in ranges.items()}
+
+    class _Feeds(CalibrationDataReader):  # ORT calibrates too; the overrides above set every range it would
+        def __init__(self) -> None:
+            self._it = iter(feeds[:1])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self._it, None)
+
+    staged = Path(dst).with_name(Path(dst).name + ".static-src")
+    onnx.save(model, str(staged))
+    try:
+        quantize_static(
+            str(staged), str(dst), _Feeds(), quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=list(recipe["op_types"]), per_channel=bool(recipe["per_channel"]),
+            reduce_range=bool(recipe["reduce_range"]), activation_type=QuantType.QUInt8,
+            weight_type=getattr(QuantType, str(recipe["weight_type"])),
+            nodes_to_exclude=[n.name for n in model.graph.node if n.op_type in recipe["op_types"]
+                              and n.name not in names],
+            extra_options={**recipe.get("extra_options", {}), "DefaultTensorType": onnx.TensorProto.FLOAT,
+                           "OpTypesToExcludeOutputQuantization": list(recipe["op_types"]),
+                           "TensorQuantOverrides": overrides},
+        )
+    finally:
+        staged.unlink(missing_ok=True)
+    widest = max(ranges.items(), key=lambda kv: kv[1][1] - kv[1][0])
+    return {"quantized_matmuls": len(quantized), "calibration_batches": len(feeds),
+            "widest_input_range": [widest[0], round(widest[1][0], 3), round(widest[1][1], 3)]}
