@@ -11,7 +11,7 @@ Default model: the embedded default model (INT8 on CPU). Workload: ``fastnli.ben
 fresh local Ray cluster of ``nproc`` CPUs. Ray times count the whole run as a user sees it (actor start, engine
 load, scheduling, the transfer of results to the driver); each configuration runs ``--repeats`` times on its
 cluster and the minimum is kept (the least disturbed by other work). Every Ray result is checked against the
-single-process NCP (max |Δ| is reported: 0 for the embedded model's blockwise INT8 graph; a dynamic-INT8 artifact
+single-process NCP (max |Δ| is reported: 0 for the embedded model's batch-invariant INT8 graph; a dynamic-INT8 artifact
 takes activation scales per batch, so Ray's different batches move its scores slightly). On a 2-core machine 2 actors cannot beat one process that already uses both cores: the rows show the
 cost of Ray's overhead and what the per-actor scaling looks like, not a cluster's speed-up.
 """

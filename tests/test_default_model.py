@@ -52,7 +52,7 @@ def test_quality_gate(engine: NLIEngine, split: str) -> None:
 
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
 def test_scores_do_not_depend_on_the_batch(engine: NLIEngine) -> None:
-    """The shipped blockwise INT8 graph: a pair scores the same whatever else is in the call and in what order."""
+    """The shipped static INT8 graph: a pair scores the same whatever else is in the call and in what order."""
     rows = [json.loads(x) for x in (SHARED_DATA / "dev.jsonl").read_text().splitlines()]
     pairs = [(r["premise"], r["hypothesis"]) for r in rows if r["source"] == "snli/dev"][:600]
     together = engine.predict(pairs)
