@@ -113,6 +113,9 @@ def recipe_text(q: dict[str, Any]) -> str:
     dyn = order.get("int8-dynamic")
     dyn_moved = (f" (plain dynamic INT8: up to {dyn['max_abs_dprob']:.2g}, {dyn['labels_flipped']} labels flipped)"
                  if dyn else "")
+    versus_dynamic = (f"agreed with fp32 on {dyn_agree} of snli/dev. Scoring the first {shift['pairs']:,} snli/dev "
+                      f"pairs in reverse order (other batches of equal-length pairs) {moved}{dyn_moved}. The "
+                      "embedding tables are stored in fp16 to fit the 50 MB budget.")
     if r["method"] == "static":
         o = r["outliers"]
         return (f"Static INT8: every MatMul input has one activation range, fixed at export on "
@@ -122,9 +125,7 @@ def recipe_text(q: dict[str, Any]) -> str:
                 f"batch. First the feed-forward blocks' activation outliers move to fp32 side branches: per layer "
                 f"the {o['ffn_neurons']} neurons with the largest GELU outputs and the {o['input_channels']} FFN-input "
                 f"channels with the largest magnitude (they were up to ~14x the median channel and took the 8-bit "
-                f"range). Dynamic INT8 everywhere agreed with fp32 on {dyn_agree} of snli/dev. Scoring the first "
-                f"{shift['pairs']:,} snli/dev pairs in reverse order (other batches of equal-length pairs) "
-                f"{moved}{dyn_moved}. The embedding tables are stored in fp16 to fit the 50 MB budget.")
+                f"range). Dynamic INT8 everywhere {versus_dynamic}")
     if "blockwise" not in r:
         return (f"Dynamic INT8: one activation scale per batch. Scoring the first {shift['pairs']:,} snli/dev pairs "
                 f"in reverse order (other batches of equal-length pairs) {moved}. The embedding tables are stored in "
@@ -135,10 +136,8 @@ def recipe_text(q: dict[str, Any]) -> str:
             "The other MatMuls are dynamic INT8 (one activation scale per batch).")
     return (f"{where} an 8-bit blockwise `MatMulNBits` (activations quantized per row and block of "
             f"{r['blockwise']['block_size']} channels at run time). {rest} The FFN inputs carry a few channels ~20x "
-            f"larger than the rest, which per-tensor dynamic INT8 cannot resolve: dynamic INT8 everywhere agreed "
-            f"with fp32 on {dyn_agree} of snli/dev. Scoring the first {shift['pairs']:,} snli/dev pairs in reverse "
-            f"order (other batches of equal-length pairs) {moved}{dyn_moved}. The embedding tables are stored in "
-            "fp16 to fit the 50 MB budget.")
+            f"larger than the rest, which per-tensor dynamic INT8 cannot resolve: dynamic INT8 everywhere "
+            f"{versus_dynamic}")
 
 
 def model_card(q: dict[str, Any], manifest: dict[str, Any]) -> str:

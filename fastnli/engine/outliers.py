@@ -20,7 +20,6 @@ version differs. The branches cost k/width and c/hidden of the FFN's FLOPs, in f
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -34,32 +33,26 @@ FFN_OUT = re.compile(r"/layer\.(\d+)/output/dense/MatMul$")
 BRANCH_TAG = "/fastnli_outliers/"
 
 
-def _max_abs(model: Any, tensors: list[str], feeds: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def _max_abs(model: Any, tensors: list[str], feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Per-channel (last axis) max |value| of ``tensors`` over the real tokens of ``feeds`` (fp32, on CPU)."""
-    from fastnli.engine.static_int8 import session_with_outputs
+    from fastnli.engine.static_int8 import activations
 
-    sess, wanted = session_with_outputs(model, tensors)
-    seen = {t: np.zeros(0, dtype=np.float32) for t in tensors}
-    n = 0
-    for feed in feeds:
-        n += 1
-        real = feed["attention_mask"].astype(bool)
-        out = sess.run(None, feed)
-        for t, i in zip(tensors, wanted):
-            m = np.abs(out[i][real]).max(0)
-            seen[t] = m if not seen[t].size else np.maximum(seen[t], m)
-    if not n:
+    if not feeds:
         raise ValueError("outlier split: the calibration set is empty")
+    seen: dict[str, np.ndarray] = {}
+    for t, a, _ in activations(model, tensors, feeds):
+        m = np.abs(a).max(0)
+        seen[t] = np.maximum(seen[t], m) if t in seen else m
     return seen
 
 
 class _Graph:
-    """The few graph edits the split needs: constants, producers, consumers, new nodes and a topological sort."""
+    """The few graph edits the split needs: constants, producers, new nodes and a topological sort."""
 
     def __init__(self, model: Any) -> None:
         from onnx import numpy_helper
 
-        self.model, self.g = model, model.graph
+        self.g = model.graph
         self.inits = {i.name: i for i in self.g.initializer}
         self.consts = {n.output[0]: numpy_helper.to_array(n.attribute[0].t)
                        for n in self.g.node if n.op_type == "Constant" and n.attribute[0].name == "value"}
@@ -89,15 +82,6 @@ class _Graph:
 
         self.new.append(helper.make_node(op, inputs, [output], name=output, **attrs))
         return output
-
-    def reroute(self, old: str, new: str, skip: set[str]) -> None:
-        """Make every consumer of tensor ``old`` (but the nodes named in ``skip``) read ``new`` instead."""
-        for n in list(self.g.node) + self.new:
-            if n.name in skip:
-                continue
-            for i, name in enumerate(n.input):
-                if name == old:
-                    n.input[i] = new
 
     def finish(self) -> None:
         """Append the new nodes and sort the graph topologically (ONNX requires producers first)."""

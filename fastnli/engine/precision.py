@@ -231,14 +231,15 @@ def to_int8(src: str | Path, dst: str | Path, recipe: dict[str, Any] | None = No
     extra = dict(r.get("extra_options", {}))
     if not r["op_types"] and "blockwise" not in r:
         raise ValueError("an INT8 recipe with no op_types quantizes nothing; give op_types or a blockwise section")
-    if needs_calibration(r) and "blockwise" in r:
+    calibrated = needs_calibration(r)
+    if calibrated and "blockwise" in r:
         raise ValueError("an INT8 recipe takes a 'blockwise' section or calibrated ranges ('outliers', "
                          "'method': 'static'), not both")
-    if needs_calibration(r) and not calibration:
+    if calibrated and not calibration:
         raise ValueError("the INT8 recipe calibrates ('outliers' section or 'method': 'static'): pass "
                          "calibration=[feed dicts]")
     exclude: list[str] = []
-    if needs_calibration(r):
+    if calibrated:
         from fastnli.engine.outliers import BRANCH_TAG, split_outliers
         from fastnli.engine.static_int8 import quantize_static_int8
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,7 +48,7 @@ class SessionConfig:
     cuda_device_id: int = 0
     optimization: str = "all"
     streams: int = int(os.environ.get("FASTNLI_STREAMS", "0"))
-    cpu_disabled_optimizers: tuple[str, ...] = field(default_factory=lambda: CPU_DISABLED_OPTIMIZERS)
+    cpu_disabled_optimizers: tuple[str, ...] = CPU_DISABLED_OPTIMIZERS
 
 
 #: Graphs below this size (bytes) get one CPU stream per core when ``streams`` is auto: a small model's operators

@@ -12,6 +12,7 @@ ONNX QDQ form with fp32 MatMul outputs, which ONNX Runtime runs as ``QuantizeLin
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,32 +33,42 @@ def session_with_outputs(model: Any, tensors: list[str]) -> tuple[Any, list[int]
     return sess, [names.index(t) for t in tensors]
 
 
+def activations(model: Any, tensors: list[str], feeds: list[dict[str, np.ndarray]]
+                ) -> Iterator[tuple[str, np.ndarray, bool]]:
+    """``(tensor, values, per_token)`` for each of ``tensors`` and each batch of ``feeds``, run in fp32 on CPU:
+    per-token tensors give their real tokens' rows ``(tokens, channels)``; the others (DeBERTa's position
+    projections) all their rows."""
+    sess, where = session_with_outputs(model, tensors)
+    for feed in feeds:
+        real = feed["attention_mask"].astype(bool)
+        out = sess.run(None, feed)
+        for t, i in zip(tensors, where):
+            a = out[i]
+            per_token = a.shape[:2] == real.shape
+            yield t, (a[real] if per_token else a.reshape(-1, a.shape[-1])), per_token
+
+
 def percentile_ranges(model: Any, tensors: list[str], feeds: list[dict[str, np.ndarray]],
                       percentile: float) -> dict[str, tuple[float, float]]:
     """``(low, high)`` of each tensor over the real tokens of ``feeds``: the ``100 - percentile`` and
     ``percentile`` percentiles of its values (from the tails kept batch by batch: exact for per-token tensors), widened
     to include 0.
     """
-    sess, where = session_with_outputs(model, tensors)
     real_tokens = sum(int(f["attention_mask"].sum()) for f in feeds)
     tails: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     keep: dict[str, int] = {}
-    for feed in feeds:
-        real = feed["attention_mask"].astype(bool)
-        out = sess.run(None, feed)
-        for t, i in zip(tensors, where):
-            a = out[i]  # per-token tensors: the real tokens only; others (DeBERTa's position projections): all
-            v = (a[real] if a.shape[:2] == real.shape else a).ravel()
-            if t not in keep:  # values beyond the percentile, +1: the rank that gives the percentile itself
-                count = real_tokens * a.shape[-1] if a.shape[:2] == real.shape else a.size * len(feeds)
-                keep[t] = math.ceil(count * (100.0 - percentile) / 100.0) + 1
-                tails[t] = (np.empty(0, np.float32), np.empty(0, np.float32))
-            lo, hi = np.concatenate([tails[t][0], v]), np.concatenate([tails[t][1], v])
-            n = keep[t]
-            if lo.size > n:
-                lo = np.partition(lo, n - 1)[:n]
-                hi = np.partition(hi, hi.size - n)[-n:]
-            tails[t] = (lo, hi)
+    for t, a, per_token in activations(model, tensors, feeds):
+        v = a.ravel()
+        if t not in keep:  # values beyond the percentile, +1: the rank that gives the percentile itself
+            count = real_tokens * a.shape[-1] if per_token else a.size * len(feeds)
+            keep[t] = math.ceil(count * (100.0 - percentile) / 100.0) + 1
+            tails[t] = (np.empty(0, np.float32), np.empty(0, np.float32))
+        lo, hi = np.concatenate([tails[t][0], v]), np.concatenate([tails[t][1], v])
+        n = keep[t]
+        if lo.size > n:
+            lo = np.partition(lo, n - 1)[:n]
+            hi = np.partition(hi, hi.size - n)[-n:]
+        tails[t] = (lo, hi)
     return {t: (min(float(tails[t][0].max()), 0.0), max(float(tails[t][1].min()), 0.0)) for t in tensors}
 
 
