@@ -167,9 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "blockwise MatMulNBits) or blockwise (every MatMul: scores independent of the batch, slowest)")
     p.set_defaults(func=_cmd_export)
 
-    p = sub.add_parser("checkpoint", help="build a seeded random DeBERTa checkpoint locally (no hub)")
+    p = sub.add_parser("checkpoint", help="build a seeded random DeBERTa (or BERT) checkpoint locally (no hub)")
     p.add_argument("out")
-    p.add_argument("--arch", default="deberta", choices=["deberta", "deberta-v2"])
+    p.add_argument("--arch", default="deberta", choices=["deberta", "deberta-v2", "bert"])
     p.add_argument("--size", default="tiny", choices=["tiny", "base", "large"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--label-order", default="cne", choices=["cne", "cen", "enc"])

@@ -1,4 +1,4 @@
-"""Seeded random NLI checkpoints with the real DeBERTa architectures.
+"""Seeded random NLI checkpoints with the real DeBERTa (and BERT) architectures.
 
 No model hub is needed: a tokenizer is trained locally with ``tokenizers`` on a small built-in corpus and the
 weights are drawn from a seeded generator. The compute of such a checkpoint is the real model's (same layers,
@@ -17,6 +17,8 @@ Architectures (``arch``):
   GPT-2 style byte-level BPE tokenizer, labels CONTRADICTION/NEUTRAL/ENTAILMENT.
 - ``deberta-v2``: DeBERTa-v2/v3 — shared attention keys, log-bucketed positions, a Unigram (SentencePiece-style)
   tokenizer.
+- ``bert``: BERT as the embedded default model (all-MiniLM-L6-v2 fine-tuned) — absolute positions, token types,
+  a WordPiece tokenizer; its attention exports as PyTorch's scaled-dot-product pattern.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ __all__ = ["build_checkpoint", "LABEL_ORDERS", "corpus"]
 
 logger = logging.getLogger("fastnli")
 
-Arch = Literal["deberta", "deberta-v2"]
+Arch = Literal["deberta", "deberta-v2", "bert"]
 Size = Literal["tiny", "base", "large"]
 
 #: id2label orders seen on the hub: deberta-large-mnli (C/N/E), cross-encoder/nli-deberta-v3 (C/E/N),
@@ -80,7 +82,13 @@ def _train_tokenizer(arch: Arch, vocab_size: int, seed: int):  # type: ignore[no
 
     special = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
     text = corpus(seed=seed)
-    if arch == "deberta":
+    if arch == "bert":
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False)
+    elif arch == "deberta":
         tok = Tokenizer(models.BPE(unk_token=None))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
@@ -126,6 +134,9 @@ def build_checkpoint(
     """
     import torch
     from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        BertTokenizerFast,
         DebertaConfig,
         DebertaForSequenceClassification,
         DebertaTokenizerFast,
@@ -134,8 +145,8 @@ def build_checkpoint(
         DebertaV2TokenizerFast,
     )
 
-    if arch not in ("deberta", "deberta-v2"):
-        raise ValueError(f"arch={arch!r} is not supported; use 'deberta' or 'deberta-v2'")
+    if arch not in ("deberta", "deberta-v2", "bert"):
+        raise ValueError(f"arch={arch!r} is not supported; use 'deberta', 'deberta-v2' or 'bert'")
     if size not in _SIZES:
         raise ValueError(f"size={size!r} is not supported; use one of {sorted(_SIZES)}")
     if label_order not in LABEL_ORDERS:
@@ -160,7 +171,12 @@ def build_checkpoint(
     config: Any
     model: Any
     hf_tok: Any
-    if arch == "deberta":
+    if arch == "bert":
+        config = BertConfig(**{**common, "type_vocab_size": 2, "layer_norm_eps": 1e-12})
+        model = BertForSequenceClassification(config)
+        hf_tok = BertTokenizerFast(tokenizer_object=tok, cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]",
+                                   unk_token="[UNK]", mask_token="[MASK]", model_max_length=512)
+    elif arch == "deberta":
         config = DebertaConfig(pos_att_type=["c2p", "p2c"], **common)
         model = DebertaForSequenceClassification(config)
         hf_tok = DebertaTokenizerFast(tokenizer_object=tok, bos_token="[CLS]", eos_token="[SEP]", cls_token="[CLS]",

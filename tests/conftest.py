@@ -70,6 +70,19 @@ def ckpt_v2(workdir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def ckpt_bert(workdir: Path) -> Path:
+    """A tiny BERT, the embedded default model's architecture."""
+    _need_export_extra()
+    return build_checkpoint(workdir / "ck_bert", arch="bert", size="tiny", seed=3)
+
+
+@pytest.fixture(scope="session")
+def art_bert(ckpt_bert: Path, workdir: Path) -> Path:
+    export(ckpt_bert, workdir / "art_bert", precisions=("fp32", "int8"))
+    return workdir / "art_bert"
+
+
+@pytest.fixture(scope="session")
 def art_v1(ckpt_v1: Path, workdir: Path) -> Path:
     export(ckpt_v1, workdir / "art_v1")
     return workdir / "art_v1"
