@@ -22,7 +22,7 @@ from fastnli.synthetic import build_checkpoint
 export_module = importlib.import_module("fastnli.engine.export")
 
 
-@pytest.mark.parametrize("art, ck", [("art_v1", "ckpt_v1"), ("art_v2", "ckpt_v2")])
+@pytest.mark.parametrize("art, ck", [("art_v1", "ckpt_v1"), ("art_v2", "ckpt_v2"), ("art_bert", "ckpt_bert")])
 def test_fp32_matches_pytorch_on_ragged_batches(art: str, ck: str, request: pytest.FixtureRequest) -> None:
     engine = NLIEngine.from_pretrained(request.getfixturevalue(art), device="cpu", precision="fp32")
     ref = torch_probs(request.getfixturevalue(ck), RAGGED_PAIRS)
@@ -137,9 +137,11 @@ def test_blockwise_int8_recipe_is_batch_invariant(ck: str, request: pytest.Fixtu
     _assert_batch_invariant_int8(out)
 
 
-@pytest.mark.parametrize("art", ["art_v1", "art_v2"])
-def test_outlier_split_keeps_the_fp32_function(art: str, request: pytest.FixtureRequest) -> None:
-    """The side branches only regroup the FFN's sums: the rewritten fp32 graph computes the same logits."""
+@pytest.mark.parametrize("art, split", [("art_v1", False), ("art_v2", False), ("art_v1", True), ("art_v2", True),
+                                        ("art_bert", True)])
+def test_outlier_split_keeps_the_fp32_function(art: str, split: bool, request: pytest.FixtureRequest) -> None:
+    """The side branches (or the channel copies) only regroup the FFN's sums: the rewritten fp32 graph computes the
+    same logits."""
     import onnx
     import onnxruntime as ort
 
@@ -152,10 +154,11 @@ def test_outlier_split_keeps_the_fp32_function(art: str, request: pytest.Fixture
     feeds = calibration_feeds(PairTokenizer(path / "tokenizer.json"), probe_pairs(), m.inputs, m.pad_token_id)
     model = onnx.load(str(path / "model_fp32.onnx"))
     layers = sum(1 for n in model.graph.node if n.op_type == "MatMul" and "intermediate/dense" in n.name)
-    record = split_outliers(model, {"ffn_neurons": 3, "input_channels": 2}, feeds)
+    record = split_outliers(model, {"ffn_neurons": 3, "input_channels": 2, "channel_split": split}, feeds)
     onnx.checker.check_model(model)
     assert len(record["layers"]) == layers >= 2
     assert all(len(e["neurons"]) == 3 and len(e["channels"]) == 2 for e in record["layers"].values())
+    assert all(("channel_copies" in e) == split for e in record["layers"].values())
     assert sum(BRANCH_TAG in n.name and n.op_type == "MatMul" for n in model.graph.node) == 3 * layers
     before = ort.InferenceSession(str(path / "model_fp32.onnx"), providers=["CPUExecutionProvider"])
     after = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -179,14 +182,57 @@ def test_outlier_split_recipe_keeps_its_branches_fp32(ckpt_v2: Path, workdir: Pa
     _assert_int8_agrees_on_probe_set(out)
 
 
-@pytest.mark.parametrize("ck", ["ckpt_v1", "ckpt_v2"])
+@pytest.mark.parametrize("ck", ["ckpt_v1", "ckpt_v2", "ckpt_bert"])
 def test_static_int8_recipe_is_batch_invariant(ck: str, request: pytest.FixtureRequest, workdir: Path) -> None:
     """Activation ranges fixed at export: a pair scores the same whatever its batch-mates and padded length."""
     out = workdir / f"art_{ck}_static"
     recipe, ops, layers = _export_int8_recipe(request.getfixturevalue(ck), out, "static")
-    assert recipe["static"]["quantized_matmuls"] >= 4 * layers and recipe["static"]["percentile"] == 99.999
+    static = recipe["static"]
+    assert static["quantized_matmuls"] >= 4 * layers and static["percentile"] == 99.999
     assert "DynamicQuantizeLinear" not in ops and "QuantizeLinear" in ops  # no range measured at run time
+    # every quantized MatMul runs as one MatMulIntegerToFloat; no activation is dequantized (fp32 readers of a
+    # quantized tensor read it unrounded): only weights shared with an fp32 reader (DeBERTa-v2's position
+    # projections) still are; the channel splits got their dither
+    import onnx
+
+    assert ops.count("MatMulIntegerToFloat") == static["fused_matmuls"] == static["quantized_matmuls"]
+    graph = onnx.load(str(out / "model_int8.onnx")).graph
+    weights = {i.name for i in graph.initializer}
+    assert all(n.input[0] in weights for n in graph.node if n.op_type == "DequantizeLinear")
+    assert static["float_readers_unrounded"] >= layers - 1 and static["dithered_splits"] == layers
     _assert_batch_invariant_int8(out)
+
+
+def test_static_split_copies_round_to_the_channel(ckpt_v1: Path, workdir: Path) -> None:
+    """The dithered copies of a split channel, each rounded to the FFN input's int8 scale, sum to the channel rounded
+    once (so the split loses nothing to rounding; plain copies would add up m rounding errors)."""
+    import onnx
+    from onnx import numpy_helper
+
+    from fastnli.engine.outliers import BRANCH_TAG, SPLIT_CONCAT, SPLIT_DITHER
+
+    out = workdir / "art_ckpt_v1_static"
+    if not (out / "manifest.json").is_file():  # else written by test_static_int8_recipe_is_batch_invariant
+        _export_int8_recipe(ckpt_v1, out, "static")
+    record = read_manifest(out).precisions["int8"].recipe["outliers"]
+    model = onnx.load(str(out / "model_int8.onnx"))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    scale_of = {n.input[0]: inits[n.input[1]] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    x = np.random.default_rng(0).uniform(-40.0, 40.0, 20_000)
+    checked = 0
+    for i, entry in record["layers"].items():
+        tag = f"/layer.{i}{BRANCH_TAG}"
+        s, dither = float(scale_of[tag + SPLIT_CONCAT]), inits[tag + SPLIT_DITHER]
+        start = 0
+        for m in entry["channel_copies"]:
+            d = dither[start:start + m].astype(np.float64)
+            start += m
+            assert abs(d.sum()) <= 1e-6 * s and np.all(np.abs(d) < s / 2)
+            copies = np.rint((x[:, None] / m + d[None, :]) / s).sum(1)
+            assert np.mean(copies == np.rint(x / s)) >= 0.999  # ties and float rounding aside
+            checked += 1
+        assert start == dither.size
+    assert checked >= 2
 
 
 def test_outlier_split_recipe_errors(art_v1: Path, tmp_path: Path) -> None:
@@ -197,6 +243,11 @@ def test_outlier_split_recipe_errors(art_v1: Path, tmp_path: Path) -> None:
         with pytest.raises(ValueError, match=re.escape("the INT8 recipe calibrates ('outliers' section or 'method': "
                                                        "'static'): pass calibration=[feed dicts]")):
             to_int8(src, dst, INT8_RECIPES[name])
+    dynamic_split = {**INT8_RECIPES["outlier-split"], "outliers": {**INT8_RECIPES["static"]["outliers"]}}
+    with pytest.raises(ValueError, match=re.escape("the INT8 recipe splits outlier channels ('outliers': "
+                                                   "{'channel_split': True}), which needs fixed activation ranges: "
+                                                   "add 'method': 'static' or drop 'channel_split'")):
+        to_int8(src, dst, dynamic_split, [{}])
     both = {**INT8_RECIPES["outlier-split"], "blockwise": INT8_RECIPES["blockwise"]["blockwise"]}
     with pytest.raises(ValueError, match=re.escape("an INT8 recipe takes a 'blockwise' section or calibrated ranges "
                                                    "('outliers', 'method': 'static'), not both")):

@@ -27,7 +27,8 @@ INT8 (``to_int8``):
     A recipe with an ``"outliers"`` section moves the FFN's outlier neurons and input channels to fp32 side
     branches first (:mod:`fastnli.engine.outliers`); ``"method": "static"`` then fixes every activation range at
     export time (:mod:`fastnli.engine.static_int8`): batch-invariant like ``blockwise``, on the fast int8 GEMMs of
-    the dynamic recipe. Both calibrate on ``calibration`` batches (:func:`needs_calibration`).
+    the dynamic recipe. Both calibrate on ``calibration`` batches (:func:`needs_calibration`). ``"channel_split"``
+    (static only) turns the outlier channels into dithered copies inside the INT8 GEMM instead of an fp32 branch.
     :data:`INT8_RECIPES` names the recipes ``fastnli export --int8-recipe`` offers.
 """
 
@@ -72,13 +73,14 @@ _OUTLIERS: dict[str, Any] = {"ffn_neurons": 8, "input_channels": 6}
 #: ==============  =================  =======  ==========================================
 #: dynamic         97.80%             856      0.27 (76 of 4,000)
 #: outlier-split   99.23%             755      0.18 (36 of 4,000)
-#: static          99.28%             754      0 (bit-identical)
+#: static          99.36%             818-837  0 (bit-identical)
 #: ffn-blockwise   99.34%             560      0.18 (29 of 4,000)
 #: blockwise       99.49%             457      0 (bit-identical)
 #: ==============  =================  =======  ==========================================
 #:
 #: ``dynamic`` (the export default: fastest, needs no calibration), ``outlier-split`` (dynamic, the FFN's outliers
-#: in fp32 branches), ``static`` (outlier split + fixed activation ranges: a pair scores the same in any batch),
+#: in fp32 branches), ``static`` (outlier split with the channels as dithered copies + fixed activation ranges: a
+#: pair scores the same in any batch),
 #: ``ffn-blockwise`` (the FFN MatMuls blockwise, the rest dynamic), ``blockwise`` (every weight MatMul blockwise,
 #: nothing per tensor: a pair scores the same in any batch). The calibrating recipes use the probe set unless
 #: ``export(calibration_pairs=...)`` gives pairs of the user's own domain.
@@ -89,7 +91,7 @@ INT8_RECIPES: dict[str, dict[str, Any]] = {
                   "blockwise": {**_BLOCKS, "match": [r"MatMul$"]}},
     "outlier-split": {**INT8_RECIPE, "outliers": {**_OUTLIERS}},
     "static": {**INT8_RECIPE, "method": "static", "op_types": ["MatMul"], "static": {"percentile": 99.999},
-               "outliers": {**_OUTLIERS}},
+               "outliers": {**_OUTLIERS, "channel_split": True}},
 }
 
 
@@ -235,6 +237,9 @@ def to_int8(src: str | Path, dst: str | Path, recipe: dict[str, Any] | None = No
     if calibrated and "blockwise" in r:
         raise ValueError("an INT8 recipe takes a 'blockwise' section or calibrated ranges ('outliers', "
                          "'method': 'static'), not both")
+    if r.get("outliers", {}).get("channel_split") and r["method"] != "static":
+        raise ValueError("the INT8 recipe splits outlier channels ('outliers': {'channel_split': True}), which needs "
+                         "fixed activation ranges: add 'method': 'static' or drop 'channel_split'")
     if calibrated and not calibration:
         raise ValueError("the INT8 recipe calibrates ('outliers' section or 'method': 'static'): pass "
                          "calibration=[feed dicts]")

@@ -4,9 +4,11 @@ depend on the other pairs of its batch.
 Dynamic INT8 measures each MatMul input's range on the whole batch at run time (padding included), so batch-mates
 move a pair's probabilities. Here every quantized MatMul input gets one range, measured once on calibration
 batches over the real tokens only and clipped at a percentile (default 99.999: the top and bottom 0.001% of the
-values are clipped; the plain min/max lets a handful of extreme values set the scale). The graph is written in
-ONNX QDQ form with fp32 MatMul outputs, which ONNX Runtime runs as ``QuantizeLinear`` + ``MatMulIntegerToFloat``
-(int8 VNNI kernels), with weights int8 per output channel.
+values are clipped; the plain min/max lets a handful of extreme values set the scale). ORT's quantizer writes the
+graph in QDQ form with fp32 MatMul outputs, weights int8 per output channel; :mod:`fastnli.engine.qdq_fusion` then
+writes each quantized MatMul as the ``QuantizeLinear`` + ``MatMulIntegerToFloat`` (int8 VNNI kernels) that ORT would
+run, with the bias folded in, and lets the fp32 readers of a quantized tensor (the residual stream) read it unrounded.
+A channel split (:mod:`fastnli.engine.outliers`) gets its dither from the fixed scale.
 """
 
 from __future__ import annotations
@@ -49,15 +51,18 @@ def activations(model: Any, tensors: list[str], feeds: list[dict[str, np.ndarray
 
 
 def percentile_ranges(model: Any, tensors: list[str], feeds: list[dict[str, np.ndarray]],
-                      percentile: float) -> dict[str, tuple[float, float]]:
+                      percentile: float, skip: dict[str, list[int]] | None = None) -> dict[str, tuple[float, float]]:
     """``(low, high)`` of each tensor over the real tokens of ``feeds``: the ``100 - percentile`` and
     ``percentile`` percentiles of its values (from the tails kept batch by batch: exact for per-token tensors), widened
-    to include 0.
+    to include 0. ``skip`` leaves out channels (last axis) of some tensors: those of a channel split.
     """
+    skip = skip or {}
     real_tokens = sum(int(f["attention_mask"].sum()) for f in feeds)
     tails: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     keep: dict[str, int] = {}
     for t, a, per_token in activations(model, tensors, feeds):
+        if t in skip:
+            a = np.delete(a, skip[t], axis=-1)
         v = a.ravel()
         if t not in keep:  # values beyond the percentile, +1: the rank that gives the percentile itself
             count = real_tokens * a.shape[-1] if per_token else a.size * len(feeds)
@@ -82,6 +87,10 @@ def quantize_static_int8(model: Any, dst: str | Path, recipe: dict[str, Any], fe
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
+    from fastnli.engine.outliers import clipped_channels, set_split_dither
+    from fastnli.engine.qdq_fusion import fuse_qdq_matmuls, unround_float_readers
+
+    split = recipe.get("outliers", {})
     pct = float(recipe["static"]["percentile"])
     consts = {i.name for i in model.graph.initializer}
     quantized = [n for n in model.graph.node
@@ -89,7 +98,7 @@ def quantize_static_int8(model: Any, dst: str | Path, recipe: dict[str, Any], fe
                  and n.name not in exclude]
     acts = sorted({n.input[0] for n in quantized})
     names = {n.name for n in quantized}
-    ranges = percentile_ranges(model, acts, feeds, pct)
+    ranges = percentile_ranges(model, acts, feeds, pct, clipped_channels(split))
     overrides = {t: [{"rmin": np.array(lo, np.float32), "rmax": np.array(hi, np.float32)}]
                  for t, (lo, hi) in ranges.items()}
 
@@ -116,6 +125,13 @@ def quantize_static_int8(model: Any, dst: str | Path, recipe: dict[str, Any], fe
         )
     finally:
         staged.unlink(missing_ok=True)
+    written = onnx.load(str(dst))
+    dithered = set_split_dither(written, split)
+    fused = fuse_qdq_matmuls(written)
+    unrounded = unround_float_readers(written)
+    onnx.save(written, str(dst))
     widest = max(ranges.items(), key=lambda kv: kv[1][1] - kv[1][0])
-    return {"quantized_matmuls": len(quantized), "calibration_batches": len(feeds),
+    return {"quantized_matmuls": len(quantized), "fused_matmuls": fused, "dithered_splits": dithered,
+            "float_readers_unrounded": unrounded,
+            "calibration_batches": len(feeds),
             "widest_input_range": [widest[0], round(widest[1][0], 3), round(widest[1][1], 3)]}
