@@ -36,7 +36,8 @@ LABELS = ["contradiction", "neutral", "entailment"]
 #: same in any batch, and INT8 agrees with fp32 on 99.5% of snli/dev instead of 97.8% (see
 #: ``fastnli.engine.precision.INT8_RECIPES`` for the measured trade-off).
 #: Static (the default since the third release): the FFN's activation outliers in fp32 branches and every activation
-#: range fixed at export, so scores stay batch-invariant at 1.6x the blockwise speed.
+#: range fixed at export, so scores stay batch-invariant at 1.6x the blockwise speed. Since the fourth: the outlier
+#: channels split into dithered copies, biases folded into the int8 MatMuls, the residual stream left fp32.
 RECIPES: dict[str, dict[str, Any]] = {
     "static-fp16-embeddings": {**INT8_RECIPES["static"], "embeddings": "fp16"},
     "outlier-split-fp16-embeddings": {**INT8_RECIPES["outlier-split"], "embeddings": "fp16"},
@@ -118,14 +119,20 @@ def recipe_text(q: dict[str, Any]) -> str:
                       "embedding tables are stored in fp16 to fit the 50 MB budget.")
     if r["method"] == "static":
         o = r["outliers"]
+        channels = (f"the {o['input_channels']} FFN-input channels with the largest magnitude each become m "
+                    f"dithered copies of x/m inside the INT8 input projection (m from 2 to "
+                    f"{max(max(e['channel_copies']) for e in o['layers'].values())}; the copies, rounded, sum to the "
+                    f"channel rounded once)" if o.get("channel_split") else
+                    f"the {o['input_channels']} FFN-input channels with the largest magnitude move to a fp32 branch")
         return (f"Static INT8: every MatMul input has one activation range, fixed at export on "
                 f"{r.get('calibration_pairs', 'n/a')} pairs of the licensed training data, half from train.jsonl "
                 f"(SNLI-style), half mnli/dev_matched (the {r['static']['percentile']} percentile over their real "
                 f"tokens), weights int8 per output channel; nothing depends on the "
-                f"batch. First the feed-forward blocks' activation outliers move to fp32 side branches: per layer "
-                f"the {o['ffn_neurons']} neurons with the largest GELU outputs and the {o['input_channels']} FFN-input "
-                f"channels with the largest magnitude (they were up to ~14x the median channel and took the 8-bit "
-                f"range). Dynamic INT8 everywhere {versus_dynamic}")
+                f"batch. First the feed-forward blocks' activation outliers (up to ~14x the median channel, they "
+                f"took the 8-bit range) are taken out: per layer the {o['ffn_neurons']} neurons with the largest GELU "
+                f"outputs move to a fp32 branch, and {channels}. Every quantized MatMul runs as one "
+                f"`MatMulIntegerToFloat` with its bias, and the residual stream stays fp32 (only the MatMul inputs "
+                f"are rounded). Dynamic INT8 everywhere {versus_dynamic}")
     if "blockwise" not in r:
         return (f"Dynamic INT8: one activation scale per batch. Scoring the first {shift['pairs']:,} snli/dev pairs "
                 f"in reverse order (other batches of equal-length pairs) {moved}. The embedding tables are stored in "
