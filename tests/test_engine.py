@@ -159,6 +159,12 @@ def test_outlier_split_keeps_the_fp32_function(art: str, split: bool, request: p
     assert len(record["layers"]) == layers >= 2
     assert all(len(e["neurons"]) == 3 and len(e["channels"]) == 2 for e in record["layers"].values())
     assert all(("channel_copies" in e) == split for e in record["layers"].values())
+    if split:  # more channels than the hidden size: nothing is left to size the copies by
+        with pytest.raises(ValueError, match=re.escape(f"outlier split: input_channels={10_000} leaves layer 0 no "
+                                                       "other channel with a range to fit the copies into; give "
+                                                       "fewer input_channels")):
+            split_outliers(onnx.load(str(path / "model_fp32.onnx")),
+                           {"ffn_neurons": 0, "input_channels": 10_000, "channel_split": True}, feeds)
     assert sum(BRANCH_TAG in n.name and n.op_type == "MatMul" for n in model.graph.node) == 3 * layers
     before = ort.InferenceSession(str(path / "model_fp32.onnx"), providers=["CPUExecutionProvider"])
     after = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -233,7 +233,11 @@ def split_outliers(model: Any, spec: dict[str, Any], feeds: list[dict[str, np.nd
             src = ffn_in.input[0]
             if split:
                 # every outlier channel becomes m copies of x/m, so that each fits the range of the other channels
-                copies = np.maximum(np.ceil(x[channels] / (SPLIT_MARGIN * (x * mask).max())), 1).astype(np.int64)
+                rest = float((x * mask).max())
+                if rest <= 0.0:
+                    raise ValueError(f"outlier split: input_channels={c} leaves layer {i} no other channel with a "
+                                     "range to fit the copies into; give fewer input_channels")
+                copies = np.maximum(np.ceil(x[channels] / (SPLIT_MARGIN * rest)), 1).astype(np.int64)
                 reps = np.repeat(channels, copies)
                 # gather the c channels, then a (c, copies) matrix of 1/m entries makes the scaled copies
                 spread = np.zeros((c, reps.size), np.float32)
