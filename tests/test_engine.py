@@ -206,6 +206,7 @@ def test_static_int8_recipe_is_batch_invariant(ck: str, request: pytest.FixtureR
     weights = {i.name for i in graph.initializer}
     assert all(n.input[0] in weights for n in graph.node if n.op_type == "DequantizeLinear")
     assert static["float_readers_unrounded"] >= layers - 1 and static["dithered_splits"] == layers
+    assert not list(out.glob("*.static-src")) and not list(out.glob("*.ranges.json"))  # staged files are gone
     _assert_batch_invariant_int8(out)
 
 
