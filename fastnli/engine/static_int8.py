@@ -82,9 +82,9 @@ def percentile_ranges(model: Any, tensors: list[str], feeds: list[dict[str, np.n
             tails[t] = (np.empty(0, np.float32), np.empty(0, np.float32))
         lo, hi = np.concatenate([tails[t][0], v]), np.concatenate([tails[t][1], v])
         n = keep[t]
-        if lo.size > n:
-            lo = np.partition(lo, n - 1)[:n]
-            hi = np.partition(hi, hi.size - n)[-n:]
+        if lo.size > n:  # copies: a slice would keep the whole partitioned batch alive
+            lo = np.partition(lo, n - 1)[:n].copy()
+            hi = np.partition(hi, hi.size - n)[-n:].copy()
         tails[t] = (lo, hi)
     return {t: (min(float(tails[t][0].max()), 0.0), max(float(tails[t][1].min()), 0.0)) for t in tensors}
 
