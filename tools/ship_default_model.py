@@ -119,10 +119,10 @@ def recipe_text(q: dict[str, Any]) -> str:
                       "embedding tables are stored in fp16 to fit the 50 MB budget.")
     if r["method"] == "static":
         o = r["outliers"]
+        copies = [m for e in o["layers"].values() for m in e.get("channel_copies", [])]
         channels = (f"the {o['input_channels']} FFN-input channels with the largest magnitude each become m "
-                    f"dithered copies of x/m inside the INT8 input projection (m from 2 to "
-                    f"{max(max(e['channel_copies']) for e in o['layers'].values())}; the copies, rounded, sum to the "
-                    f"channel rounded once)" if o.get("channel_split") else
+                    f"dithered copies of x/m inside the INT8 input projection (m from {min(copies)} to "
+                    f"{max(copies)}; the copies, rounded, sum to the channel rounded once)" if copies else
                     f"the {o['input_channels']} FFN-input channels with the largest magnitude move to a fp32 branch")
         return (f"Static INT8: every MatMul input has one activation range, fixed at export on "
                 f"{r.get('calibration_pairs', 'n/a')} pairs of the licensed training data, half from train.jsonl "

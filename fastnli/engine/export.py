@@ -224,11 +224,11 @@ def export(
         if "int8" in wanted:
             feeds = None
             if needs_calibration(int8_recipe):
-                feeds = calibration_feeds(PairTokenizer(tmp / "tokenizer.json", max_length),
-                                          calibration_pairs or probe_pairs(), inputs, pad_id)
+                pairs = calibration_pairs or probe_pairs()
+                feeds = calibration_feeds(PairTokenizer(tmp / "tokenizer.json", max_length), pairs, inputs, pad_id)
             recipes["int8"] = to_int8(tmp / GRAPH_FILES["fp32"], tmp / GRAPH_FILES["int8"], int8_recipe, feeds)
             if feeds is not None:
-                recipes["int8"]["calibration_pairs"] = len(calibration_pairs or probe_pairs())
+                recipes["int8"]["calibration_pairs"] = len(pairs)
 
         entries: dict[str, PrecisionEntry] = {}
         validations: dict[str, Validation] = {}

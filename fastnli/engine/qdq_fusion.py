@@ -69,12 +69,8 @@ def fuse_qdq_matmuls(model: Any) -> int:
     if not replaced:
         return 0
     nodes = [replaced.get(id(n), n) for n in g.node if id(n) not in dropped]
-    while True:  # drop the Dequantize nodes (and anything else) nobody reads any more
-        read = {i for n in nodes for i in n.input} | outputs
-        kept = [n for n in nodes if n.op_type != "DequantizeLinear" or any(o in read for o in n.output)]
-        if len(kept) == len(nodes):
-            break
-        nodes = kept
+    read = {i for n in nodes for i in n.input} | outputs  # one pass: a Dequantize never feeds another
+    nodes = [n for n in nodes if n.op_type != "DequantizeLinear" or any(o in read for o in n.output)]
     del g.node[:]
     g.node.extend(nodes)
     if not any(op.domain == MS_DOMAIN for op in model.opset_import):

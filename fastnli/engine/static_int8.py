@@ -114,7 +114,7 @@ def quantize_static_int8(model: Any, dst: str | Path, recipe: dict[str, Any], fe
     overrides = {t: [{"rmin": np.array(lo, np.float32), "rmax": np.array(hi, np.float32)}]
                  for t, (lo, hi) in ranges.items()}
 
-    class _Feeds(CalibrationDataReader):  # ORT calibrates too; the overrides above set every range it would
+    class _Feeds(CalibrationDataReader):  # older ORT calibrates too; the overrides set every range it would
         def __init__(self) -> None:
             self._it = iter(feeds[:1])
 
@@ -123,7 +123,7 @@ def quantize_static_int8(model: Any, dst: str | Path, recipe: dict[str, Any], fe
 
     staged = Path(dst).with_name(Path(dst).name + ".static-src")
     cache = Path(dst).with_name(Path(dst).name + ".ranges.json")
-    calibration: dict[str, Any] = {"calibration_data_reader": _Feeds()}
+    calibration: dict[str, Any]
     if "calibration_cache_path" in inspect.signature(quantize_static).parameters:
         # ORT >= 1.31 takes the ranges as a calibration cache and skips its own calibration run, which held the
         # graph and a session of it with every MatMul input as an output (10+ GiB on a base-size DeBERTa)
@@ -133,6 +133,8 @@ def quantize_static_int8(model: Any, dst: str | Path, recipe: dict[str, Any], fe
             t: TensorData(lowest=np.array(lo, np.float32), highest=np.array(hi, np.float32))
             for t, (lo, hi) in ranges.items()}), cache)
         calibration = {"calibration_data_reader": None, "calibration_cache_path": str(cache)}
+    else:
+        calibration = {"calibration_data_reader": _Feeds()}
     onnx.save(model, str(staged))
     try:
         quantize_static(
