@@ -156,6 +156,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--kd-weight", type=float, default=0.5, help="weight of the distillation term (0..1)")
     p.add_argument("--kd-temperature", type=float, default=2.0, help="softmax temperature of the distillation term")
+    p.add_argument(
+        "--rdrop-alpha",
+        type=float,
+        default=0.0,
+        help="R-Drop (Liang et al. 2021): every batch runs twice under independent dropout and the loss adds "
+        "alpha x the symmetric KL between the two predictions (0: off; doubles the cost of a step)",
+    )
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--eval-every", type=int, default=500, help="evaluate the snli/dev slice every N steps (0: never)")
     p.add_argument("--eval-slice", type=int, default=2000, help="pairs of the fixed snli/dev slice")
@@ -190,6 +197,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     if args.ffn_size is not None and args.ffn_size <= 0:
         p.error("--ffn-size must be positive")
+    if args.rdrop_alpha < 0:
+        p.error("--rdrop-alpha must be >= 0")
     if not 0.0 <= args.kd_weight <= 1.0 or args.kd_temperature <= 0:
         p.error("--kd-weight must be in [0, 1] and --kd-temperature positive")
     if args.epochs <= 0 or args.batch_size <= 0 or args.max_length < 8 or args.threads <= 0:
@@ -520,6 +529,19 @@ def distillation_loss(student: Any, teacher: Any, temperature: float) -> Any:
         reduction="batchmean") * t * t
 
 
+def rdrop_loss(logits: Any, labels: Any, alpha: float, label_smoothing: float) -> Any:
+    """R-Drop on logits of a batch stacked twice ([2B, C], the two dropout passes): the mean cross-entropy of both
+    halves plus alpha x the symmetric KL between them (each direction's batch mean, halved)."""
+    import torch
+
+    first, second = logits.chunk(2)
+    ce = torch.nn.functional.cross_entropy(logits, labels.repeat(2), label_smoothing=label_smoothing)
+    lp, lq = torch.log_softmax(first, -1), torch.log_softmax(second, -1)
+    kl = torch.nn.functional.kl_div(lp, lq, log_target=True, reduction="batchmean")
+    kl = kl + torch.nn.functional.kl_div(lq, lp, log_target=True, reduction="batchmean")
+    return ce + alpha * kl / 2
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Training
 
@@ -734,9 +756,15 @@ def main(argv: list[str] | None = None) -> int:
                 t_step = time.perf_counter()
                 batch = collate(train, idx, pad_id)
                 labels = torch.from_numpy(train.labels[idx])
+                rdrop = args.rdrop_alpha > 0
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-                    logits = model(**batch).logits
-                loss = torch.nn.functional.cross_entropy(logits.float(), labels, label_smoothing=args.label_smoothing)
+                    logits = model(**({k: v.repeat(2, 1) for k, v in batch.items()} if rdrop else batch)).logits
+                if rdrop:
+                    loss = rdrop_loss(logits.float(), labels, args.rdrop_alpha, args.label_smoothing)
+                    logits = logits[: len(idx)]
+                else:
+                    loss = torch.nn.functional.cross_entropy(
+                        logits.float(), labels, label_smoothing=args.label_smoothing)
                 if teacher is not None:
                     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
                         teacher_logits = teacher(**batch).logits.float()
@@ -828,6 +856,8 @@ def main(argv: list[str] | None = None) -> int:
             "optimizer": "AdamW betas (0.9, 0.999) eps 1e-6; no weight decay on biases and LayerNorm",
             "schedule": "linear warm-up then linear decay to 0",
             "loss": f"cross-entropy, label smoothing {args.label_smoothing}" + (
+                f"; R-Drop: two dropout passes, + {args.rdrop_alpha:g} x symmetric KL / 2"
+                if args.rdrop_alpha > 0 else "") + (
                 f"; x {1 - args.kd_weight:g} + {args.kd_weight:g} x T^2 KL(teacher || student), T "
                 f"{args.kd_temperature:g}, teacher {args.teacher}" if args.teacher is not None else ""),
             "ffn_pruning": pruning,
