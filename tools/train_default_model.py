@@ -740,6 +740,7 @@ def main(argv: list[str] | None = None) -> int:
     t_train = t_progress = time.perf_counter()
     train_time_s = 0.0
     rng = np.random.default_rng(args.seed)
+    rdrop = args.rdrop_alpha > 0
     with logging_redirect_tqdm():
         for epoch in range(n_epochs):
             batches = bucketed_batches(train.lengths, args.batch_size, args.bucket_batches, rng)
@@ -756,7 +757,6 @@ def main(argv: list[str] | None = None) -> int:
                 t_step = time.perf_counter()
                 batch = collate(train, idx, pad_id)
                 labels = torch.from_numpy(train.labels[idx])
-                rdrop = args.rdrop_alpha > 0
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
                     logits = model(**({k: v.repeat(2, 1) for k, v in batch.items()} if rdrop else batch)).logits
                 if rdrop:

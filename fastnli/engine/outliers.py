@@ -231,6 +231,8 @@ def split_outliers(model: Any, spec: dict[str, Any], feeds: list[dict[str, np.nd
             mask = np.ones(x.shape, dtype=np.float32)
             mask[channels] = 0.0
             src = ffn_in.input[0]
+            picked = g.node("Gather", [src, g.put(tag + "channel_idx", channels.astype(np.int64))],
+                            tag + "Gather_channels", axis=-1)
             if split:
                 # every outlier channel becomes m copies of x/m, so that each fits the range of the other channels
                 rest = float((x * mask).max())
@@ -242,8 +244,6 @@ def split_outliers(model: Any, spec: dict[str, Any], feeds: list[dict[str, np.nd
                 # gather the c channels, then a (c, copies) matrix of 1/m entries makes the scaled copies
                 spread = np.zeros((c, reps.size), np.float32)
                 spread[np.repeat(np.arange(c), copies), np.arange(reps.size)] = np.repeat(1.0 / copies, copies)
-                picked = g.node("Gather", [src, g.put(tag + "channel_idx", channels.astype(np.int64))],
-                                tag + "Gather_channels", axis=-1)
                 spread_out = g.node("MatMul", [picked, g.put(tag + "channel_spread", spread)], tag + "MatMul_spread")
                 dithered = g.node("Add", [spread_out, g.put(tag + SPLIT_DITHER, np.zeros(reps.size, np.float32))],
                                   tag + "Add_dither")
@@ -254,8 +254,6 @@ def split_outliers(model: Any, spec: dict[str, Any], feeds: list[dict[str, np.nd
                 entry["channel_copies"] = copies.tolist()
             else:
                 ffn_in.input[0] = g.node("Mul", [src, g.put(tag + "channel_mask", mask)], tag + "Mul_mask")
-                picked = g.node("Gather", [src, g.put(tag + "channel_idx", channels.astype(np.int64))],
-                                tag + "Gather_channels", axis=-1)
                 side = g.node("MatMul", [picked, g.put(tag + "w_channels", w1[channels])], tag + "MatMul_channels")
                 ffn_in.input[1] = g.put(tag + "w_in/masked", w1 * mask[:, None])
                 g.add_after_bias(ffn_in, side, tag + "Add_channels")

@@ -102,7 +102,7 @@ def quantize_static_int8(model: Any, dst: str | Path, recipe: dict[str, Any], fe
     from fastnli.engine.outliers import clipped_channels, set_split_dither
     from fastnli.engine.qdq_fusion import fuse_qdq_matmuls, unround_float_readers
 
-    split = recipe.get("outliers", {})
+    outliers = recipe.get("outliers", {})  # the spec and what split_outliers recorded
     pct = float(recipe["static"]["percentile"])
     consts = {i.name for i in model.graph.initializer}
     quantized = [n for n in model.graph.node
@@ -110,7 +110,7 @@ def quantize_static_int8(model: Any, dst: str | Path, recipe: dict[str, Any], fe
                  and n.name not in exclude]
     acts = sorted({n.input[0] for n in quantized})
     names = {n.name for n in quantized}
-    ranges = percentile_ranges(model, acts, feeds, pct, clipped_channels(split))
+    ranges = percentile_ranges(model, acts, feeds, pct, clipped_channels(outliers))
     overrides = {t: [{"rmin": np.array(lo, np.float32), "rmax": np.array(hi, np.float32)}]
                  for t, (lo, hi) in ranges.items()}
 
@@ -152,7 +152,7 @@ def quantize_static_int8(model: Any, dst: str | Path, recipe: dict[str, Any], fe
         staged.unlink(missing_ok=True)
         cache.unlink(missing_ok=True)
     written = onnx.load(str(dst))
-    dithered = set_split_dither(written, split)
+    dithered = set_split_dither(written, outliers)
     fused = fuse_qdq_matmuls(written)
     unrounded = unround_float_readers(written)
     onnx.save(written, str(dst))
