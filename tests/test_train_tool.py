@@ -1,4 +1,5 @@
-"""The training tool's loss terms (tools/train_default_model.py), checked against their formulas written out."""
+"""The training tool (tools/train_default_model.py): its loss terms, checked against their formulas written out, and its
+teacher options."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -59,3 +61,39 @@ def test_distillation_loss_is_t_squared_kl_teacher_to_student(tool) -> None:  # 
                                        torch.tensor(teacher, dtype=torch.float64), t))
     want = t * t * _kl(_softmax([v / t for v in teacher[0]]), _softmax([v / t for v in student[0]]))
     assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_distillation_from_log_probabilities_equals_distillation_from_logits(tool) -> None:  # type: ignore[no-untyped-def]
+    # --teacher-engine hands the loss log-probabilities: they differ from logits by a per-row constant, which the
+    # tempered softmax removes, so the loss must be the same
+    student = torch.tensor([[0.3, -0.2, 1.0], [2.0, 0.0, -1.0]], dtype=torch.float64)
+    teacher = torch.tensor([[1.2, 0.1, -0.4], [-3.0, 0.5, 0.5]], dtype=torch.float64)
+    from_logits = tool.distillation_loss(student, teacher, 2.0)
+    from_logp = tool.distillation_loss(student, torch.log_softmax(teacher, -1), 2.0)
+    assert float(from_logp) == pytest.approx(float(from_logits), rel=1e-12)
+
+
+def test_engine_teacher_gives_the_engines_log_probabilities_in_input_order(tool) -> None:  # type: ignore[no-untyped-def]
+    from fastnli.engine import NLIEngine
+
+    rows = [
+        {"premise": "A man is playing a guitar on stage.", "hypothesis": "A man is performing music.",
+         "label": "entailment", "source": "snli/train"},
+        {"premise": "A dog runs through the snow.", "hypothesis": "A cat sleeps on a sofa.",
+         "label": "contradiction", "source": "snli/train"},
+        {"premise": "Two women are talking in a cafe.", "hypothesis": "The women are sisters.",
+         "label": "neutral", "source": "snli/train"},
+    ]
+    split = tool.make_split("train", rows)
+    logp, record = tool.engine_teacher_logprobs("default", split)
+    want = NLIEngine.from_pretrained(device="cpu").predict(list(zip(split.premises, split.hypotheses)))
+    assert logp.shape == (3, 3) and logp.dtype == np.float32
+    np.testing.assert_allclose(np.exp(logp), want, atol=1e-6)
+    assert record["engine"] == "default"
+    assert record["train_accuracy"] == pytest.approx(float((want.argmax(1) == split.labels).mean()))
+
+
+def test_teacher_and_teacher_engine_are_exclusive(tool, capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit):
+        tool.parse_args(["--out", "x", "--teacher", "ckpt", "--teacher-engine", "default"])
+    assert "--teacher and --teacher-engine are exclusive: pick one teacher" in capsys.readouterr().err

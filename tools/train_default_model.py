@@ -154,6 +154,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="distil from this fine-tuned checkpoint (same tokenizer and labels): the loss adds "
         "--kd-weight x T^2 x KL(teacher || student) at temperature --kd-temperature",
     )
+    p.add_argument(
+        "--teacher-engine",
+        default=None,
+        help="distil from a fastnli model ('default': the embedded model; or an export artifact directory) instead "
+        "of --teacher: its probabilities of every training pair are computed once through NLIEngine (batch-"
+        "invariant, so caching them is exact) and used as the teacher's log-probabilities",
+    )
     p.add_argument("--kd-weight", type=float, default=0.5, help="weight of the distillation term (0..1)")
     p.add_argument("--kd-temperature", type=float, default=2.0, help="softmax temperature of the distillation term")
     p.add_argument(
@@ -199,6 +206,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--ffn-size must be positive")
     if args.rdrop_alpha < 0:
         p.error("--rdrop-alpha must be >= 0")
+    if args.teacher is not None and args.teacher_engine is not None:
+        p.error("--teacher and --teacher-engine are exclusive: pick one teacher")
     if not 0.0 <= args.kd_weight <= 1.0 or args.kd_temperature <= 0:
         p.error("--kd-weight must be in [0, 1] and --kd-temperature positive")
     if args.epochs <= 0 or args.batch_size <= 0 or args.max_length < 8 or args.threads <= 0:
@@ -529,6 +538,32 @@ def distillation_loss(student: Any, teacher: Any, temperature: float) -> Any:
         reduction="batchmean") * t * t
 
 
+def engine_teacher_logprobs(name: str, split: Split) -> tuple[np.ndarray, dict[str, Any]]:
+    """Log-probabilities ``[N, 3]`` (float32, label order :data:`LABELS`) of every pair of ``split`` from a fastnli
+    model (``"default"``: the embedded one), and a record of the teacher for the training log."""
+    from tqdm.auto import tqdm
+
+    from fastnli.engine import NLIEngine
+
+    engine = NLIEngine.from_pretrained(None if name == "default" else name, device="cpu")
+    if tuple(engine.labels) != LABELS:
+        raise ValueError(f"--teacher-engine {name}: label order {engine.labels} is not {LABELS}")
+    t = time.perf_counter()
+    with tqdm(total=len(split), desc="teacher", unit="pair", disable=None, mininterval=2.0) as bar:
+        probs, _ = engine.predict_with_stats(list(zip(split.premises, split.hypotheses)),
+                                             progress=lambda n, _total: bar.update(n))
+    seconds = time.perf_counter() - t
+    logp = np.log(np.clip(probs.astype(np.float64), 1e-12, 1.0)).astype(np.float32)
+    record = {
+        "engine": name,
+        "artifact": str(engine.artifact_dir),
+        "precision": engine.precision,
+        "train_accuracy": round(float((probs.argmax(1) == split.labels).mean()), 5),
+        "seconds": round(seconds, 1),
+    }
+    return logp, record
+
+
 def rdrop_loss(logits: Any, labels: Any, alpha: float, label_smoothing: float) -> Any:
     """R-Drop on logits of a batch stacked twice ([2B, C], the two dropout passes): the mean cross-entropy of both
     halves plus alpha x the symmetric KL between them (each direction's batch mean, halved)."""
@@ -667,6 +702,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--teacher {args.teacher}: label order {teacher.config.id2label} is not {LABELS}")
         for param in teacher.parameters():
             param.requires_grad_(False)
+    teacher_logp, teacher_record = None, None
+    if args.teacher_engine is not None:
+        teacher_logp, teacher_record = engine_teacher_logprobs(args.teacher_engine, train)
+        LOG.info("teacher %s: %s", args.teacher_engine, teacher_record)
     optimizer = build_optimizer(model, args)
 
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
@@ -759,17 +798,20 @@ def main(argv: list[str] | None = None) -> int:
                 labels = torch.from_numpy(train.labels[idx])
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
                     logits = model(**({k: v.repeat(2, 1) for k, v in batch.items()} if rdrop else batch)).logits
+                logits = logits.float()
                 if rdrop:
-                    loss = rdrop_loss(logits.float(), labels, args.rdrop_alpha, args.label_smoothing)
-                    logits = logits[: len(idx)]
+                    loss = rdrop_loss(logits, labels, args.rdrop_alpha, args.label_smoothing)
                 else:
-                    loss = torch.nn.functional.cross_entropy(
-                        logits.float(), labels, label_smoothing=args.label_smoothing)
+                    loss = torch.nn.functional.cross_entropy(logits, labels, label_smoothing=args.label_smoothing)
+                teacher_out = None
                 if teacher is not None:
                     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-                        teacher_logits = teacher(**batch).logits.float()
+                        teacher_out = teacher(**batch).logits.float().clone()
+                elif teacher_logp is not None:
+                    teacher_out = torch.from_numpy(teacher_logp[idx])
+                if teacher_out is not None:  # with R-Drop, both dropout passes are distilled
                     loss = (1 - args.kd_weight) * loss + args.kd_weight * distillation_loss(
-                        logits.float(), teacher_logits.clone(), args.kd_temperature)
+                        logits, teacher_out.repeat(2, 1) if rdrop else teacher_out, args.kd_temperature)
                 loss.backward()
                 if args.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -859,7 +901,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"; R-Drop: two dropout passes, + {args.rdrop_alpha:g} x symmetric KL / 2"
                 if args.rdrop_alpha > 0 else "") + (
                 f"; x {1 - args.kd_weight:g} + {args.kd_weight:g} x T^2 KL(teacher || student), T "
-                f"{args.kd_temperature:g}, teacher {args.teacher}" if args.teacher is not None else ""),
+                f"{args.kd_temperature:g}, teacher {args.teacher or args.teacher_engine}"
+                if args.teacher is not None or args.teacher_engine is not None else ""),
+            "teacher_engine": teacher_record,
             "ffn_pruning": pruning,
             "batching": f"length-bucketed ({args.bucket_batches} batches per bucket), dynamic padding",
             "selection": selection_text(args.select_on, len(dev_slice), args.eval_every),
