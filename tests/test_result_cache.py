@@ -150,3 +150,26 @@ def test_thread_safety_smoke() -> None:
     assert cache.hits + cache.misses == 4 * 200 * 8
     stored = cache.get_many(list(cache._data))
     assert cache.nbytes == sum(entry_size(k) for k in cache._data) and all(v is not None for v in stored)
+
+
+def test_engines_sharing_a_cache_get_their_own_results(art_bert) -> None:  # type: ignore[no-untyped-def]
+    """One artifact's fp32 and INT8 graphs (and INT8 kernel modes) give different numbers: a shared cache must
+    not hand one engine another's results."""
+    from fastnli.engine import NLIEngine, SessionConfig
+
+    pairs = [(f"premise number {i} about a dog", f"hypothesis {i} about a cat") for i in range(12)]
+    want = {p: NLIEngine(art_bert, device="cpu", precision=p).predict(pairs) for p in ("fp32", "int8")}
+    assert not np.array_equal(want["fp32"], want["int8"])
+    cache = ResultCache(max_entries=1000)
+    engines = {p: NLIEngine(art_bert, device="cpu", precision=p, result_cache=cache) for p in ("fp32", "int8")}
+    for p in ("fp32", "int8"):
+        np.testing.assert_array_equal(engines[p].predict(pairs), want[p])
+        assert engines[p].last_stats.cache_hits == 0
+    for p in ("fp32", "int8"):  # second calls: served from the cache, still each its own
+        np.testing.assert_array_equal(engines[p].predict(pairs), want[p])
+        assert engines[p].last_stats.cache_hits == len(pairs)
+    modes = [NLIEngine(art_bert, device="cpu", precision="int8", result_cache=cache,
+                       session_config=SessionConfig(exact_int8=exact)) for exact in (True, False)]
+    modes[0].predict(pairs)
+    modes[1].predict(pairs)
+    assert modes[0].last_stats.cache_hits + modes[1].last_stats.cache_hits == len(pairs)  # one mode is the default's

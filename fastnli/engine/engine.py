@@ -27,6 +27,7 @@ from fastnli.engine.session import (
     cpu_streams,
     create_session,
     cuda_listed,
+    exact_int8_wanted,
     is_device_error,
 )
 from fastnli.engine.tokenize import PairTokenizer
@@ -190,7 +191,9 @@ class NLIEngine:
                 at least :data:`INT8_MIN_AGREEMENT`, else fp32), or ``"fp32"``, ``"fp16"``, ``"int8"``.
             batch_policy: token budget and row cap per batch (default :data:`CPU_POLICY` or :data:`CUDA_POLICY`).
             session_config: ORT threads and optimisation level.
-            result_cache: an optional :class:`fastnli.kernels.ResultCache` shared across calls (or engines).
+            result_cache: an optional :class:`fastnli.kernels.ResultCache` shared across calls (or engines): keys
+                carry the artifact hash, the precision in use and the INT8 kernel mode, so engines never see each
+                other's results unless they come from the same graph run the same way.
             cache_dir: overrides ``$FASTNLI_CACHE`` for exports of HF checkpoints.
         """
         if name_or_dir is None:
@@ -239,6 +242,9 @@ class NLIEngine:
         self.providers: list[str] = list(sessions[0].get_providers())
         self._input_names = [i.name for i in sessions[0].get_inputs()]
         self.batch_policy = self._policy_override or (CUDA_POLICY if device == "cuda" else CPU_POLICY)
+        # result-cache keys name what produced a result: one artifact's graphs (and INT8 kernel modes) differ
+        exact = precision == "int8" and exact_int8_wanted(self._session_config)
+        self._cache_tag = f"{self.manifest.artifact_hash}/{precision}{'/exact-int8' if exact else ''}"
 
     def _fallback_to_cpu(self, exc: BaseException) -> None:
         requested = self._requested[1]
@@ -308,7 +314,7 @@ class NLIEngine:
         cache = self.result_cache
         keys: list[tuple[str, str, str]] = []
         if cache is not None and up:
-            keys = [(self.manifest.artifact_hash, p, h) for p, h in zip(up, uh)]
+            keys = [(self._cache_tag, p, h) for p, h in zip(up, uh)]
             todo = []
             for u, hit in enumerate(cache.get_many(keys)):
                 if hit is None:

@@ -1,7 +1,8 @@
 """A thread-safe LRU cache of per-pair model results, bounded by entry count and by memory.
 
-Keys are ``(artifact_hash, premise, hypothesis)``: the artifact hash ties a result to the exact model graph (and
-precision) that produced it, so one cache can serve several models without mixing their results.
+Keys are ``(artifact_hash, premise, hypothesis)``; the engine's first element is the artifact hash with the precision
+and INT8 kernel mode it runs (``<hash>/int8/exact-int8``), which ties a result to the graph and kernels that produced
+it, so one cache can serve several models and precisions without mixing their results.
 """
 
 from __future__ import annotations
