@@ -1,5 +1,5 @@
-"""Exact INT8 products on every CPU: ORT's U8S8 kernels on x86-64 without VNNI saturate, the engine's sessions ask
-for its exact U8U8 kernels there (SessionConfig.exact_int8)."""
+"""Exact INT8 products on every CPU: ORT's U8S8 kernels on x86-64 without VNNI saturate; there the engine's INT8
+sessions load the graph with uint8 weights, which runs ORT's exact U8U8 kernels (SessionConfig.exact_int8)."""
 
 from __future__ import annotations
 
@@ -7,26 +7,37 @@ import numpy as np
 import pytest
 
 from fastnli.engine import session as session_mod
-from fastnli.engine.session import SessionConfig, exact_int8_wanted, session_options, u8s8_saturates
+from fastnli.engine.session import (
+    SessionConfig,
+    create_session,
+    exact_int8_wanted,
+    session_model,
+    u8s8_saturates,
+)
+from fastnli.engine.u8_weights import weights_to_u8
 
 ort = pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
 
-def _matmul_integer(w: np.ndarray) -> bytes:
-    """uint8 activations x int8 weights (an initializer, as in every INT8 graph) -> int32."""
+def _matmul_integer(w: np.ndarray, dequantized_too: bool = False) -> onnx.ModelProto:
+    """uint8 activations x int8 weights (an initializer, as in every INT8 graph) -> int32; with ``dequantized_too``
+    the same weight also feeds an fp32 reader (as DeBERTa-v2's shared position projections do)."""
     from onnx import TensorProto, helper, numpy_helper
 
     k, n = w.shape
-    graph = helper.make_graph(
-        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "mmi",
-        [helper.make_tensor_value_info("a", TensorProto.UINT8, ["m", k])],
-        [helper.make_tensor_value_info("y", TensorProto.INT32, ["m", n])],
-        [numpy_helper.from_array(w, "w")],
-    )
+    nodes = [helper.make_node("MatMulInteger", ["a", "w"], ["y"], name="mm")]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.INT32, ["m", n])]
+    inits = [numpy_helper.from_array(w, "w")]
+    if dequantized_too:
+        nodes.append(helper.make_node("DequantizeLinear", ["w", "s"], ["wf"]))
+        outputs.append(helper.make_tensor_value_info("wf", TensorProto.FLOAT, [k, n]))
+        inits.append(numpy_helper.from_array(np.array(0.5, dtype=np.float32), "s"))
+    graph = helper.make_graph(nodes, "mmi", [helper.make_tensor_value_info("a", TensorProto.UINT8, ["m", k])],
+                              outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    return model.SerializeToString()
+    return model
 
 
 def _large_products(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -37,24 +48,46 @@ def _large_products(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return a, w
 
 
-def _run(config: SessionConfig, a: np.ndarray, w: np.ndarray) -> np.ndarray:
-    sess = ort.InferenceSession(_matmul_integer(w), session_options(config), providers=["CPUExecutionProvider"])
-    return sess.run(None, {"a": a})[0]
+def _run(config: SessionConfig, a: np.ndarray, w: np.ndarray, tmp_path, dequantized_too: bool = False):  # type: ignore[no-untyped-def]
+    """Load the graph as the engine loads an INT8 graph under ``config``."""
+    path = tmp_path / "mmi.onnx"
+    onnx.save(_matmul_integer(w, dequantized_too), str(path))
+    sess, _ = create_session(session_model(path, config, int8=True), "cpu", config)
+    return sess.run(None, {"a": a})
 
 
-def test_exact_int8_gives_the_integer_products() -> None:
+def test_exact_int8_gives_the_integer_products(tmp_path) -> None:  # type: ignore[no-untyped-def]
     a, w = _large_products()
     want = a.astype(np.int64) @ w.astype(np.int64)
-    np.testing.assert_array_equal(_run(SessionConfig(exact_int8=True), a, w), want)
-    np.testing.assert_array_equal(_run(SessionConfig(), a, w), want)  # auto: exact on every CPU
+    np.testing.assert_array_equal(_run(SessionConfig(exact_int8=True), a, w, tmp_path)[0], want)
+    np.testing.assert_array_equal(_run(SessionConfig(), a, w, tmp_path)[0], want)  # auto: exact on every CPU
+
+
+def test_a_weight_shared_with_an_fp32_reader_keeps_its_int8_original_there(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    a, w = _large_products(1)
+    y, wf = _run(SessionConfig(exact_int8=True), a, w, tmp_path, dequantized_too=True)
+    np.testing.assert_array_equal(y, a.astype(np.int64) @ w.astype(np.int64))
+    np.testing.assert_array_equal(wf, w.astype(np.float32) * 0.5)
+    model = _matmul_integer(w, dequantized_too=True)
+    assert weights_to_u8(model) == 1
+    inits = {t.name: t for t in model.graph.initializer}
+    mm, dq = model.graph.node
+    assert inits[mm.input[1]].data_type == onnx.TensorProto.UINT8 and inits[mm.input[3]].data_type == onnx.TensorProto.UINT8
+    assert dq.input[0] == "w" and inits["w"].data_type == onnx.TensorProto.INT8
+
+
+def test_fp32_graphs_and_exact_off_load_from_their_path(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "g.onnx"
+    assert session_model(path, SessionConfig(exact_int8=True), int8=False) == str(path)
+    assert session_model(path, SessionConfig(exact_int8=False), int8=True) == str(path)
 
 
 @pytest.mark.skipif(not u8s8_saturates(), reason="this CPU's U8S8 kernels are exact (VNNI, or not x86-64)")
-def test_without_exact_int8_this_cpu_saturates() -> None:
+def test_without_exact_int8_this_cpu_saturates(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Why the option exists: on this CPU the fast kernels really get the products wrong."""
     a, w = _large_products()
     want = a.astype(np.int64) @ w.astype(np.int64)
-    got = _run(SessionConfig(exact_int8=False), a, w)
+    got = _run(SessionConfig(exact_int8=False), a, w, tmp_path)[0]
     assert np.abs(got - want).max() > 1000
 
 

@@ -36,15 +36,27 @@ def _qdq_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def _run(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+def _run(model: onnx.ModelProto, x: np.ndarray, reference: bool = False) -> list[np.ndarray]:
+    """Run as the engine runs an INT8 graph (on x86-64 CPUs without VNNI with uint8 weights: exact products), or
+    with ``reference`` unoptimized: ORT then runs QDQ as written (float MatMuls of dequantized values), where its
+    own QDQ fusion would pick its U8S8 kernels, which saturate on such CPUs."""
+    from fastnli.engine.session import SessionConfig, exact_int8_wanted
+    from fastnli.engine.u8_weights import weights_to_u8
+
+    opts = ort.SessionOptions()
+    if reference:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    elif exact_int8_wanted(SessionConfig()):
+        model = onnx.ModelProto.FromString(model.SerializeToString())
+        weights_to_u8(model)
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return sess.run(None, {"x": x})
 
 
 def test_fusion_keeps_outputs_and_folds_only_bias_adds() -> None:
     model = _qdq_model()
     x = np.random.default_rng(1).standard_normal((7, K)).astype(np.float32) * 3
-    before = _run(model, x)
+    before = _run(model, x, reference=True)
     assert fuse_qdq_matmuls(model) == 3
     onnx.checker.check_model(model)
     ops = [n.op_type for n in model.graph.node]

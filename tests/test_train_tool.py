@@ -93,7 +93,7 @@ def test_engine_teacher_gives_the_engines_log_probabilities_in_input_order(tool)
     assert record["train_accuracy"] == pytest.approx(float((want.argmax(1) == split.labels).mean()))
 
 
-def test_teacher_and_teacher_engine_are_exclusive(tool, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_teacher_and_teacher_engine_are_exclusive(tool, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SystemExit):
-        tool.parse_args(["--out", "x", "--teacher", "ckpt", "--teacher-engine", "default"])
+        tool.parse_args(["--base", str(tmp_path), "--out", "x", "--teacher", "ckpt", "--teacher-engine", "default"])
     assert "--teacher and --teacher-engine are exclusive: pick one teacher" in capsys.readouterr().err

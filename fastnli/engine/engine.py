@@ -29,6 +29,7 @@ from fastnli.engine.session import (
     cuda_listed,
     exact_int8_wanted,
     is_device_error,
+    session_model,
 )
 from fastnli.engine.tokenize import PairTokenizer
 from fastnli.kernels import ResultCache, dedup_pairs, scatter_rows
@@ -231,7 +232,8 @@ class NLIEngine:
     def _open_cpu(self, precision: str) -> None:
         graph = self._graph(precision)
         streams, threads = cpu_streams(self._session_config, graph)
-        sessions = [create_session(graph, "cpu", self._session_config, threads)[0] for _ in range(streams)]
+        model = session_model(graph, self._session_config, int8=precision == "int8")  # once for all streams
+        sessions = [create_session(model, "cpu", self._session_config, threads)[0] for _ in range(streams)]
         self._set_sessions(sessions, "cpu", precision)
 
     def _set_sessions(self, sessions: list[Any], device: Device, precision: str) -> None:

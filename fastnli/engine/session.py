@@ -46,11 +46,11 @@ class SessionConfig:
         exact_int8: run INT8 matrix products exactly on x86-64 CPUs without VNNI (default ``None``, or
             ``FASTNLI_EXACT_INT8`` = ``1``/``0``: auto, on where :func:`u8s8_saturates`). ORT's fast U8S8 kernels
             there add pairs of products in 16 bits, which saturate: the shipped MiniLM INT8 graph agreed with fp32
-            on 95.6% of its snli/dev gate slice instead of 98.8%. On, ORT's ``session.x64quantprecision`` moves
-            the INT8 weights to uint8 (``w + 128``, zero point with them: the same products) and runs its exact
-            U8U8 kernels, 1.2x slower there (the shipped model on snli/dev, 2-core AVX2 EPYC: 232 vs 278 pairs/s).
-            It does nothing for fp32 and fp16 graphs, and on other CPUs; ``True`` on a VNNI CPU would give up its
-            (already exact) VNNI kernels.
+            on 95.6% of its snli/dev gate slice instead of 98.8%. On, the INT8 graph's weights are moved to uint8
+            before it loads (``w + 128``, zero point with them: the same products, see
+            :mod:`fastnli.engine.u8_weights`) and ORT runs its exact U8U8 kernels, 1.2x slower there (the shipped
+            model on snli/dev, 2-core AVX2 EPYC: 233 vs 284 pairs/s). Only INT8 CPU sessions are affected; ``True``
+            on a VNNI CPU would give up its (already exact) VNNI kernels.
     """
 
     intra_op_threads: int = int(os.environ.get("FASTNLI_THREADS", "0"))
@@ -109,8 +109,7 @@ def exact_int8_wanted(config: SessionConfig) -> bool:
 
 
 def session_options(config: SessionConfig, intra_op_threads: int | None = None) -> Any:
-    """``onnxruntime.SessionOptions`` for ``config``: threads, sequential execution, optimisation level, and
-    ORT's exact INT8 mode where :func:`exact_int8_wanted`."""
+    """``onnxruntime.SessionOptions`` for ``config``: threads, sequential execution and optimisation level."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -124,15 +123,26 @@ def session_options(config: SessionConfig, intra_op_threads: int | None = None) 
         "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
     }[config.optimization]
     opts.log_severity_level = 3
-    if exact_int8_wanted(config):
-        opts.add_session_config_entry("session.x64quantprecision", "1")
-        _log_exact_int8_once()
     return opts
+
+
+def session_model(graph: str | Path, config: SessionConfig, int8: bool) -> str | bytes:
+    """What a CPU session of ``graph`` loads: its path, or for an INT8 graph where :func:`exact_int8_wanted` the
+    graph with uint8 weights (:func:`fastnli.engine.u8_weights.exact_int8_model`), serialized. Build it once and
+    hand it to every stream's :func:`create_session`."""
+    if int8 and exact_int8_wanted(config):
+        from fastnli.engine.u8_weights import exact_int8_model
+
+        data = exact_int8_model(str(graph))
+        if data is not None:
+            _log_exact_int8_once()
+            return data
+    return str(graph)
 
 
 @functools.cache
 def _log_exact_int8_once() -> None:
-    logger.info("INT8 graphs run ORT's exact U8U8 kernels (session.x64quantprecision): %s",
+    logger.info("INT8 graphs run with uint8 weights on ORT's exact U8U8 kernels: %s",
                 "this x86-64 CPU has no VNNI, its U8S8 kernels saturate" if u8s8_saturates() else "asked for")
 
 
@@ -171,7 +181,7 @@ def cuda_listed() -> bool:
     return "CUDAExecutionProvider" in ort.get_available_providers()
 
 
-def create_session(graph: str | Path, device: Device, config: SessionConfig,
+def create_session(graph: str | Path | bytes, device: Device, config: SessionConfig,
                    intra_op_threads: int | None = None) -> tuple[Any, Device]:
     """Create an inference session for ``graph`` on ``device``.
 
@@ -191,7 +201,8 @@ def create_session(graph: str | Path, device: Device, config: SessionConfig,
         ort.set_default_logger_severity(4)
     disabled = [] if device == "cuda" else list(config.cpu_disabled_optimizers)
     try:
-        session = ort.InferenceSession(str(graph), sess_options=opts, providers=providers,
+        session = ort.InferenceSession(graph if isinstance(graph, bytes) else str(graph), sess_options=opts,
+                                       providers=providers,
                                        disabled_optimizers=disabled)
     finally:
         if device == "cuda":
