@@ -131,6 +131,12 @@ def session_model(graph: str | Path, config: SessionConfig, int8: bool) -> str |
     graph with uint8 weights (:func:`fastnli.engine.u8_weights.exact_int8_model`), serialized. Build it once and
     hand it to every stream's :func:`create_session`."""
     if int8 and exact_int8_wanted(config):
+        try:
+            import onnx  # noqa: F401  (a runtime dependency; absent only after pip install --no-deps)
+        except ImportError:
+            logger.warning("INT8 products on this CPU saturate (x86-64 without VNNI) and onnx, which makes them "
+                           "exact, is not installed: pip install onnx")
+            return str(graph)
         from fastnli.engine.u8_weights import exact_int8_model
 
         data = exact_int8_model(str(graph))
