@@ -76,6 +76,23 @@ def test_a_weight_shared_with_an_fp32_reader_keeps_its_int8_original_there(tmp_p
     assert dq.input[0] == "w" and inits["w"].data_type == onnx.TensorProto.INT8
 
 
+def test_a_weight_read_by_two_matmuls_gets_one_uint8_copy_and_zero_point(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from onnx import TensorProto, helper
+
+    a, w = _large_products(2)
+    model = _matmul_integer(w)
+    model.graph.node[0].name = ""  # unnamed nodes, no zero point: the names of the new tensors come from the weight
+    model.graph.node.append(helper.make_node("MatMulInteger", ["a", "w"], ["y2"]))
+    model.graph.output.append(helper.make_tensor_value_info("y2", TensorProto.INT32, ["m", w.shape[1]]))
+    assert weights_to_u8(model) == 2
+    onnx.checker.check_model(model)
+    assert sorted(t.name for t in model.graph.initializer) == ["w_u8", "w_zero_point_u8"]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = a.astype(np.int64) @ w.astype(np.int64)
+    for got in sess.run(None, {"a": a}):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_fp32_graphs_and_exact_off_load_from_their_path(tmp_path) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "g.onnx"
     assert session_model(path, SessionConfig(exact_int8=True), int8=False) == str(path)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from fastnli.engine.qdq_fusion import fuse_qdq_matmuls
+from fastnli.engine.session import SessionConfig, create_session, session_model
 
 K, N = 16, 24
 
@@ -36,27 +38,21 @@ def _qdq_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def _run(model: onnx.ModelProto, x: np.ndarray, reference: bool = False) -> list[np.ndarray]:
+def _run(model: onnx.ModelProto, x: np.ndarray, tmp_path: Path, reference: bool = False) -> list[np.ndarray]:
     """Run as the engine runs an INT8 graph (on x86-64 CPUs without VNNI with uint8 weights: exact products), or
     with ``reference`` unoptimized: ORT then runs QDQ as written (float MatMuls of dequantized values), where its
     own QDQ fusion would pick its U8S8 kernels, which saturate on such CPUs."""
-    from fastnli.engine.session import SessionConfig, exact_int8_wanted
-    from fastnli.engine.u8_weights import weights_to_u8
-
-    opts = ort.SessionOptions()
-    if reference:
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    elif exact_int8_wanted(SessionConfig()):
-        model = onnx.ModelProto.FromString(model.SerializeToString())
-        weights_to_u8(model)
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    path = tmp_path / "g.onnx"
+    onnx.save(model, str(path))
+    config = SessionConfig(optimization="none") if reference else SessionConfig()
+    sess, _ = create_session(session_model(path, config, int8=not reference), "cpu", config)
     return sess.run(None, {"x": x})
 
 
-def test_fusion_keeps_outputs_and_folds_only_bias_adds() -> None:
+def test_fusion_keeps_outputs_and_folds_only_bias_adds(tmp_path: Path) -> None:
     model = _qdq_model()
     x = np.random.default_rng(1).standard_normal((7, K)).astype(np.float32) * 3
-    before = _run(model, x, reference=True)
+    before = _run(model, x, tmp_path, reference=True)
     assert fuse_qdq_matmuls(model) == 3
     onnx.checker.check_model(model)
     ops = [n.op_type for n in model.graph.node]
@@ -65,7 +61,7 @@ def test_fusion_keeps_outputs_and_folds_only_bias_adds() -> None:
     fused = {n.name: n for n in model.graph.node if n.op_type == "MatMulIntegerToFloat"}
     assert list(fused["mm0"].input)[-1] == "bias" and list(fused["mm0"].output) == ["y0"]
     assert len(fused["mm1"].input) == len(fused["mm2"].input) == 6
-    for got, ref in zip(_run(model, x), before):
+    for got, ref in zip(_run(model, x, tmp_path), before):
         np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)
 
 

@@ -27,7 +27,6 @@ from fastnli.engine.session import (
     cpu_streams,
     create_session,
     cuda_listed,
-    exact_int8_wanted,
     is_device_error,
     session_model,
 )
@@ -234,9 +233,9 @@ class NLIEngine:
         streams, threads = cpu_streams(self._session_config, graph)
         model = session_model(graph, self._session_config, int8=precision == "int8")  # once for all streams
         sessions = [create_session(model, "cpu", self._session_config, threads)[0] for _ in range(streams)]
-        self._set_sessions(sessions, "cpu", precision)
+        self._set_sessions(sessions, "cpu", precision, exact_int8=isinstance(model, bytes))
 
-    def _set_sessions(self, sessions: list[Any], device: Device, precision: str) -> None:
+    def _set_sessions(self, sessions: list[Any], device: Device, precision: str, exact_int8: bool = False) -> None:
         self._sessions = sessions
         self.device: Device = device
         self.precision: str = precision
@@ -245,8 +244,7 @@ class NLIEngine:
         self._input_names = [i.name for i in sessions[0].get_inputs()]
         self.batch_policy = self._policy_override or (CUDA_POLICY if device == "cuda" else CPU_POLICY)
         # result-cache keys name what produced a result: one artifact's graphs (and INT8 kernel modes) differ
-        exact = precision == "int8" and exact_int8_wanted(self._session_config)
-        self._cache_tag = f"{self.manifest.artifact_hash}/{precision}{'/exact-int8' if exact else ''}"
+        self._cache_tag = f"{self.manifest.artifact_hash}/{precision}{'/exact-int8' if exact_int8 else ''}"
 
     def _fallback_to_cpu(self, exc: BaseException) -> None:
         requested = self._requested[1]

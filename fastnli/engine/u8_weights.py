@@ -38,16 +38,17 @@ def weights_to_u8(model: Any) -> int:
 
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
-    converted: dict[str, str] = {}  # int8 initializer -> its uint8 copy
+    converted: dict[str, str] = {}  # int8 initializer (or weight, for a missing zero point) -> its uint8 version
     int8 = onnx.TensorProto.INT8
 
+    def add_u8(key: str, name: str, values: Any) -> str:
+        if key not in converted:
+            graph.initializer.append(numpy_helper.from_array(np.asarray(values, dtype=np.uint8), name))
+            converted[key] = name
+        return converted[key]
+
     def u8_copy(name: str) -> str:
-        if name not in converted:
-            values = numpy_helper.to_array(inits[name]).astype(np.int16) + 128
-            new = f"{name}_u8"
-            graph.initializer.append(numpy_helper.from_array(values.astype(np.uint8), new))
-            converted[name] = new
-        return converted[name]
+        return add_u8(name, f"{name}_u8", numpy_helper.to_array(inits[name]).astype(np.int16) + 128)
 
     rewritten = 0
     for node in graph.node:
@@ -59,20 +60,16 @@ def weights_to_u8(model: Any) -> int:
         zp = node.input[zp_slot] if len(node.input) > zp_slot else ""
         if w not in inits or inits[w].data_type != int8 or (zp and (zp not in inits or inits[zp].data_type != int8)):
             continue
-        node.input[w_slot] = u8_copy(w)
         if zp:
-            node.input[zp_slot] = u8_copy(zp)
+            u8_zp = u8_copy(zp)
         else:  # symmetric int8 weights: zero point 0 -> 128, per channel where the scale is
-            shape = list(inits[node.input[scale_slot]].dims) if scale_slot is not None and \
-                node.input[scale_slot] in inits else []
-            name = f"{node.name or w}_zero_point_u8"
-            graph.initializer.append(numpy_helper.from_array(np.full(shape, 128, dtype=np.uint8), name))
-            while len(node.input) < zp_slot:
-                node.input.append("")
-            if len(node.input) == zp_slot:
-                node.input.append(name)
-            else:
-                node.input[zp_slot] = name
+            scale = node.input[scale_slot] if scale_slot is not None else ""
+            shape = list(inits[scale].dims) if scale in inits else []
+            u8_zp = add_u8(f"{w}\0zero point", f"{w}_zero_point_u8", np.full(shape, 128))
+        inputs = list(node.input) + [""] * (zp_slot + 1 - len(node.input))  # optional inputs before it stay empty
+        inputs[w_slot], inputs[zp_slot] = u8_copy(w), u8_zp
+        del node.input[:]
+        node.input.extend(inputs)
         rewritten += 1
     still_read = {name for node in graph.node for name in node.input}
     kept = [t for t in graph.initializer if t.name in still_read or t.name not in converted]
