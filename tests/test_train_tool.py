@@ -97,3 +97,52 @@ def test_teacher_and_teacher_engine_are_exclusive(tool, capsys, tmp_path) -> Non
     with pytest.raises(SystemExit):
         tool.parse_args(["--base", str(tmp_path), "--out", "x", "--teacher", "ckpt", "--teacher-engine", "default"])
     assert "--teacher and --teacher-engine are exclusive: pick one teacher" in capsys.readouterr().err
+
+
+@pytest.fixture()
+def quiet_main(tool, monkeypatch):  # type: ignore[no-untyped-def]
+    """Run the tool's ``main`` in-process without leaving its process-wide settings behind (signal handlers, torch
+    threads and deterministic algorithms)."""
+    monkeypatch.setattr(tool.signal, "signal", lambda *_args: None)
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    yield tool.main
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic)
+
+
+def _tiny_run(ckpt: Path, out: Path, *extra: str) -> list[str]:
+    return ["--base", str(ckpt), "--out", str(out), "--limit-train", "96", "--limit-eval", "24", "--eval-slice", "16",
+            "--batch-size", "8", "--epochs", "2", "--eval-every", "5", "--rdrop-alpha", "0.5", "--threads", "1",
+            "--log-level", "WARNING", *extra]
+
+
+def test_a_resumed_run_gives_the_weights_of_an_unbroken_run(quiet_main, tool, ckpt_bert, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    assert quiet_main(_tiny_run(ckpt_bert, tmp_path / "whole")) == 0
+    assert not (tmp_path / "whole" / tool.RESUME_FILE).exists()  # removed once a run completes
+    # stopped mid-way through the second epoch (12 steps per epoch), after a slice evaluation, then resumed
+    assert quiet_main(_tiny_run(ckpt_bert, tmp_path / "broken", "--stop-after-steps", "17")) == 0
+    state = tmp_path / "broken" / tool.RESUME_FILE
+    assert state.is_file()
+    assert json.loads((tmp_path / "broken" / "training_log.json").read_text())["stop_reason"] == (
+        "--stop-after-steps 17")
+    assert quiet_main(_tiny_run(ckpt_bert, tmp_path / "broken", "--resume")) == 0
+    assert not state.exists()
+    whole = (tmp_path / "whole" / "model.safetensors").read_bytes()
+    assert (tmp_path / "broken" / "model.safetensors").read_bytes() == whole
+    logs = [json.loads((tmp_path / d / "training_log.json").read_text()) for d in ("whole", "broken")]
+    strip = [[{k: v for k, v in e.items() if k not in ("eval_s", "elapsed_s")} for e in log["evals"]] for log in logs]
+    assert strip[0] == strip[1] and logs[0]["best"] == logs[1]["best"]
+    # the saved best checkpoint may come from before the break: the weights where training ended must match too
+    assert logs[1]["last_weights_sha256"] == logs[0]["last_weights_sha256"]
+    assert [(i["first_step"], i["last_step"]) for i in logs[1]["invocations"]] == [(0, 17), (17, 24)]
+
+
+def test_resume_refuses_other_recipe_arguments_and_a_missing_state(quiet_main, tool, ckpt_bert, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit, match=r"--resume: no resumable state at .*resume_state\.pt \(a run writes it"):
+        quiet_main(_tiny_run(ckpt_bert, out, "--resume"))
+    assert quiet_main(_tiny_run(ckpt_bert, out, "--stop-after-steps", "3")) == 0
+    with pytest.raises(SystemExit, match=r"written with other arguments: --lr 0\.0001 \(now 0\.0002\); resume with"):
+        quiet_main(_tiny_run(ckpt_bert, out, "--resume", "--lr", "2e-4"))

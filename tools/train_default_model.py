@@ -6,16 +6,20 @@ plus ``dev.jsonl``'s ``mnli/dev_matched`` rows. Checkpoints are selected on ``sn
 every evaluation, the whole split at the end of each epoch); ``snli/dev`` and ``lingnli/val`` are reported. LingNLI is
 never trained on.
 
-The best checkpoint (by accuracy on the snli/dev slice, the one figure every evaluation has) is written with
-``save_pretrained`` (model + tokenizer) to ``--out`` together with ``training_log.json``, the full recipe.
+The best checkpoint (``--select-on full``: by accuracy on the whole snli/dev at each epoch end; ``slice``: on the
+fixed slice, the one figure every evaluation has) is written with ``save_pretrained`` (model + tokenizer) to ``--out``
+together with ``training_log.json``, the full recipe.
 
 Run from the repository root, e.g. (the recipe of the shipped model)::
 
-    python tools/train_default_model.py --out /tmp/default-nli --threads 2 --bf16 --epochs 5 --lr 1e-4 \
-        --batch-size 32 --max-length 128 --eval-every 400 --time-budget-min 68
+    python tools/train_default_model.py --out /tmp/default-nli --threads 2 --bf16 --epochs 3 --lr 1e-4 \
+        --batch-size 32 --max-length 128 --eval-every 0 --select-on full --time-budget-min 75 --seed 42 \
+        --rdrop-alpha 1.0
 
 ``--bf16`` (bfloat16 autocast, fp32 master weights) is ~2.5x faster than fp32 on CPUs with AVX512-BF16 and was as
-accurate in pilots.
+accurate in pilots; without AVX512-BF16 or AMX the tool refuses it. A run writes its resumable state to
+``--out/resume_state.pt`` every ``--state-every-min`` minutes and when it stops early (signal, time budget,
+``--stop-after-steps``); ``--resume`` goes on from there and ends with the weights of a run without a break.
 
 Deterministic for a given seed, thread count and machine (CPU kernels may reduce in a different order with a
 different number of threads).
@@ -66,6 +70,10 @@ SOURCE_LICENCES = {  # from the data README; recorded for the model card
     "mnli": "MultiNLI: OANC-derived, free; a few fiction genres CC BY-SA 3.0 / CC BY 3.0",
 }
 UNSEEN_PREMISE_NAME = "lingnli/val[unseen-premise]"
+RESUME_FILE = "resume_state.pt"
+# arguments a resumed run may change: they do not change what is computed
+OPERATIONAL_ARGS = frozenset({"resume", "state_every_min", "stop_after_steps", "time_budget_min", "log_every_s",
+                              "log_level"})
 
 
 def selection_text(select_on: str, slice_rows: int, eval_every: int) -> str:
@@ -193,6 +201,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="evaluate on a seeded random subset of N pairs of each reported split (for pilots)",
     )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help=f"continue the run whose state is in --out/{RESUME_FILE} (same recipe arguments; a resumed run gives "
+        "the same weights as one run without a break)",
+    )
+    p.add_argument(
+        "--state-every-min",
+        type=float,
+        default=10.0,
+        help=f"write the resumable state (--out/{RESUME_FILE}: weights, optimizer, RNGs, data position) every N "
+        "minutes of training and when stopping early; removed when the run completes (0: only when stopping early)",
+    )
+    p.add_argument(
+        "--stop-after-steps",
+        type=int,
+        default=None,
+        help="stop after this many optimizer steps in all (the run can go on later with --resume)",
+    )
     p.add_argument("--no-deterministic", action="store_true", help="skip torch.use_deterministic_algorithms")
     p.add_argument("--log-every-s", type=float, default=120.0, help="log training progress every N seconds")
     p.add_argument("--log-level", default="INFO")
@@ -210,6 +237,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--teacher and --teacher-engine are exclusive: pick one teacher")
     if not 0.0 <= args.kd_weight <= 1.0 or args.kd_temperature <= 0:
         p.error("--kd-weight must be in [0, 1] and --kd-temperature positive")
+    if args.state_every_min < 0 or (args.stop_after_steps is not None and args.stop_after_steps <= 0):
+        p.error("--state-every-min must be >= 0 and --stop-after-steps positive")
     if args.epochs <= 0 or args.batch_size <= 0 or args.max_length < 8 or args.threads <= 0:
         p.error("--epochs, --batch-size, --threads must be positive and --max-length at least 8")
     return args
@@ -598,6 +627,52 @@ class StopFlag:
         signal.signal(signal.SIGINT, handler)
 
 
+def recipe_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The arguments that decide what a run computes (all but :data:`OPERATIONAL_ARGS`), JSON-ready."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in sorted(vars(args).items())
+            if k not in OPERATIONAL_ARGS}
+
+
+def weights_digest(state: dict[str, Any]) -> str:
+    """sha256 over a state dict's names and tensor bytes: equal digests mean bit-identical weights."""
+    h = hashlib.sha256()
+    for name, tensor in state.items():
+        h.update(name.encode())
+        h.update(tensor.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def save_resume_state(path: Path, state: dict[str, Any]) -> None:
+    """Write the resumable state atomically (a kill while writing leaves the previous state intact)."""
+    import torch
+
+    t = time.perf_counter()
+    tmp = path.with_name(path.name + ".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    LOG.info("resumable state at step %d written to %s (%.1fs)", state["step"], path, time.perf_counter() - t)
+
+
+def load_resume_state(path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Read the state :func:`save_resume_state` wrote; refuse one written with other recipe arguments."""
+    import torch
+
+    if not path.is_file():
+        raise SystemExit(f"--resume: no resumable state at {path} (a run writes it there while training; run "
+                         "without --resume to start one)")
+    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)  # our own file
+    if state.get("format") != 1:
+        raise SystemExit(f"--resume: {path} has state format {state.get('format')!r}, this tool writes format 1")
+    saved, now = state["recipe"], recipe_arguments(args)
+    changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
+    if changed:
+        diff = ", ".join(f"--{k.replace('_', '-')} {saved.get(k)!r} (now {now.get(k)!r})" for k in changed)
+        raise SystemExit(f"--resume: the state in {path} was written with other arguments: {diff}; resume with the "
+                         "same ones")
+    return state
+
+
 def cpu_has_bf16() -> bool:
     try:
         flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
@@ -646,7 +721,8 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.set_verbosity_error()
     torch.set_num_threads(args.threads)
-    torch.set_num_interop_threads(1)
+    if torch.get_num_interop_threads() != 1:  # settable once per process
+        torch.set_num_interop_threads(1)
     seed_everything(args.seed, deterministic=not args.no_deterministic)
     if args.bf16 and not cpu_has_bf16():  # measured on a 2-core AVX2 EPYC: 52 s vs 2 s per R-Drop step of 32 pairs
         raise SystemExit("--bf16 needs a CPU with AVX512-BF16 or AMX; this one emulates bfloat16 matmuls, about 25x "
@@ -703,8 +779,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--teacher {args.teacher}: label order {teacher.config.id2label} is not {LABELS}")
         for param in teacher.parameters():
             param.requires_grad_(False)
+    state_path = args.out / RESUME_FILE
+    resumed = load_resume_state(state_path, args) if args.resume else None
     teacher_logp, teacher_record = None, None
-    if args.teacher_engine is not None:
+    if resumed is not None:
+        teacher_logp, teacher_record = resumed["teacher_logp"], resumed["teacher_record"]
+    elif args.teacher_engine is not None:
         teacher_logp, teacher_record = engine_teacher_logprobs(args.teacher_engine, train)
         LOG.info("teacher %s: %s", args.teacher_engine, teacher_record)
     optimizer = build_optimizer(model, args)
@@ -730,6 +810,7 @@ def main(argv: list[str] | None = None) -> int:
     evals_log: list[dict[str, Any]] = []
     best: dict[str, Any] = {"selection_acc": -1.0}
     best_state: dict[str, Any] | None = None
+    invocations: list[dict[str, Any]] = []  # earlier invocations of a resumed run
 
     def evaluate(step: int, epoch: float, full: bool, train_loss: float | None) -> None:
         nonlocal best_state, eval_tok_per_s
@@ -777,23 +858,55 @@ def main(argv: list[str] | None = None) -> int:
     stop.install()
     step, stop_reason = 0, "completed"
     loss_sum, loss_n, tokens_seen, padded_seen = 0.0, 0, 0, 0
-    t_train = t_progress = time.perf_counter()
     train_time_s = 0.0
     rng = np.random.default_rng(args.seed)
     rdrop = args.rdrop_alpha > 0
+    start_epoch, done_in_epoch = 0, 0  # where the loop starts: a resumed run starts where its state was written
+    if resumed is not None:
+        model.load_state_dict(resumed["model"])
+        optimizer.load_state_dict(resumed["optimizer"])
+        scheduler.load_state_dict(resumed["scheduler"])
+        step, start_epoch, done_in_epoch = resumed["step"], resumed["epoch"], resumed["done_in_epoch"]
+        rng.bit_generator.state = resumed["epoch_rng"]
+        loss_sum, loss_n, tokens_seen, padded_seen, train_time_s = resumed["counters"]
+        best, best_state, evals_log = resumed["best"], resumed["best_state"], resumed["evals"]
+        invocations = resumed["invocations"]
+        random.setstate(resumed["python_rng"])
+        np.random.set_state(resumed["numpy_rng"])
+        torch.set_rng_state(resumed["torch_rng"])
+        LOG.info("resumed from %s at step %d/%d (epoch %d, %d of its steps done)", state_path, step, total_steps,
+                 start_epoch + 1, done_in_epoch)
+    invocations.append({"first_step": step, "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    t_train = t_progress = t_state = time.perf_counter()
+
+    def resumable_state(epoch: int, done: int, epoch_rng: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "format": 1, "recipe": recipe_arguments(args), "step": step, "epoch": epoch, "done_in_epoch": done,
+            "epoch_rng": epoch_rng, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "python_rng": random.getstate(), "numpy_rng": np.random.get_state(),
+            "torch_rng": torch.get_rng_state(), "counters": (loss_sum, loss_n, tokens_seen, padded_seen, train_time_s),
+            "best": best, "best_state": best_state, "evals": evals_log, "teacher_logp": teacher_logp,
+            "teacher_record": teacher_record,
+            "invocations": [*invocations[:-1], {**invocations[-1], "last_step": step}],
+        }
+
     with logging_redirect_tqdm():
-        for epoch in range(n_epochs):
+        for epoch in range(start_epoch, n_epochs):
+            epoch_rng = rng.bit_generator.state  # the epoch's batches are drawn from here (again, when resuming)
             batches = bucketed_batches(train.lengths, args.batch_size, args.bucket_batches, rng)
-            batches = batches[: max(0, total_steps - step)]
+            batches = batches[: max(0, total_steps - (step - done_in_epoch))]
+            resume_at = done_in_epoch
             bar = tqdm(
-                batches,
+                batches[resume_at:],
+                initial=resume_at,
+                total=len(batches),
                 desc=f"epoch {epoch + 1}/{n_epochs}",
                 unit="step",
                 dynamic_ncols=True,
                 disable=None,
                 mininterval=2.0,
             )
-            for idx in bar:
+            for done_in_epoch, idx in enumerate(bar, start=resume_at + 1):
                 t_step = time.perf_counter()
                 batch = collate(train, idx, pad_id)
                 labels = torch.from_numpy(train.labels[idx])
@@ -845,21 +958,29 @@ def main(argv: list[str] | None = None) -> int:
                     loss_sum, loss_n = 0.0, 0
                 if stop.reason is not None:
                     stop_reason = f"signal {stop.reason}"
+                elif args.stop_after_steps is not None and step >= args.stop_after_steps:
+                    stop_reason = f"--stop-after-steps {args.stop_after_steps}"
                 elif budget_s is not None:
                     # what is left after training: an evaluation of the slice and of the full splits, and saving
                     tok_rate = eval_tok_per_s or 2000.0 * args.threads
                     reserve = 1.3 * (full_eval_tokens + int(dev_slice.lengths.sum())) / tok_rate + 30.0
                     if time.perf_counter() - t_start + reserve >= budget_s:
                         stop_reason = f"time budget ({args.time_budget_min} min)"
+                if stop_reason != "completed" or (
+                        args.state_every_min and time.perf_counter() - t_state >= args.state_every_min * 60):
+                    # before the stop's own evaluation: a resumed run must not see it
+                    save_resume_state(state_path, resumable_state(epoch, done_in_epoch, epoch_rng))
+                    t_state = time.perf_counter()
                 if stop_reason != "completed":
-                    LOG.warning("stopping at step %d: %s", step, stop_reason)
+                    LOG.warning("stopping at step %d: %s (go on with --resume)", step, stop_reason)
                     break
             bar.close()
             if stop_reason != "completed":
                 break
             evaluate(step, step / steps_per_epoch, full=True, train_loss=loss_sum / max(1, loss_n) if loss_n else None)
-            loss_sum, loss_n = 0.0, 0
+            loss_sum, loss_n, done_in_epoch = 0.0, 0, 0
     train_wall_s = time.perf_counter() - t_train
+    last_weights_sha256 = weights_digest(model.state_dict())  # of the weights where training stopped (not the best)
     # stopped part-way: the checkpoint at the stop is a candidate too (on the split selection uses, so that a run
     # stopped before its first epoch end still saves a checkpoint)
     if stop_reason != "completed" and (not evals_log or evals_log[-1]["step"] != step) and step > 0:
@@ -919,6 +1040,8 @@ def main(argv: list[str] | None = None) -> int:
         "platform": platform.platform(),
         "steps": {"per_epoch": steps_per_epoch, "planned": total_steps, "done": step, "warmup": warmup_steps},
         "stop_reason": stop_reason,
+        "last_weights_sha256": last_weights_sha256,
+        "invocations": [*invocations[:-1], {**invocations[-1], "last_step": step}],
         "evals": evals_log,
         "best": best,
         "timing_s": {
@@ -932,6 +1055,8 @@ def main(argv: list[str] | None = None) -> int:
         "padding_efficiency": round(tokens_seen / padded_seen, 4) if padded_seen else None,
     }
     (args.out / "training_log.json").write_text(json.dumps(log, indent=2) + "\n", encoding="utf-8")
+    if stop_reason == "completed":
+        state_path.unlink(missing_ok=True)
     full = best["full"]
     print(
         f"best step {best['step']} (epoch {best['epoch']}): "
