@@ -4,6 +4,7 @@ teacher options."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -90,6 +91,14 @@ def test_engine_teacher_gives_the_engines_log_probabilities_in_input_order(tool)
     assert logp.shape == (3, 3) and logp.dtype == np.float32
     np.testing.assert_allclose(np.exp(logp), want, atol=1e-6)
     assert record["engine"] == "default"
+    # the record says which model taught and how that model was made (the shipped model's quality.json)
+    from fastnli.default_model import DEFAULT_MODEL_DIR
+
+    quality = json.loads((DEFAULT_MODEL_DIR / "quality.json").read_text())
+    assert record["artifact_hash"] == json.loads((DEFAULT_MODEL_DIR / "manifest.json").read_text())["artifact_hash"]
+    assert record["lineage"]["command"] == quality["training"]["command"]
+    assert record["lineage"]["accuracy"] == quality["accuracy"]
+    assert record["lineage"]["artifact_hash"] == record["artifact_hash"]
     assert record["train_accuracy"] == pytest.approx(float((want.argmax(1) == split.labels).mean()))
 
 
@@ -117,8 +126,6 @@ def _tiny_run(ckpt: Path, out: Path, *extra: str) -> list[str]:
 
 
 def test_a_resumed_run_gives_the_weights_of_an_unbroken_run(quiet_main, tool, ckpt_bert, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import json
-
     assert quiet_main(_tiny_run(ckpt_bert, tmp_path / "whole")) == 0
     assert not (tmp_path / "whole" / tool.RESUME_FILE).exists()  # removed once a run completes
     # stopped mid-way through the second epoch (12 steps per epoch), after a slice evaluation, then resumed

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from train_default_model import selection_text  # tools/ is on sys.path when this script runs
+from train_default_model import selection_text, teacher_lineage  # tools/ is on sys.path when this script runs
 
 from fastnli.engine import NLIEngine, export
 from fastnli.engine.manifest import MANIFEST_NAME, read_manifest
@@ -147,6 +147,20 @@ def recipe_text(q: dict[str, Any]) -> str:
             f"{versus_dynamic}")
 
 
+def distillation_text(teacher: dict[str, Any] | None) -> str:
+    """The model card's account of a teacher model (``--teacher-engine``) and how to rebuild it; empty without."""
+    if not teacher:
+        return ""
+    lineage = teacher.get("lineage") or {}
+    acc = lineage.get("accuracy") or {}
+    figures = ", ".join(f"{split} {v['int8']:.4f}" for split, v in acc.items() if "int8" in v)
+    made = (f", trained with `{lineage['command']}` ({figures} at INT8)" if lineage.get("command") else "")
+    return (f"\nDistilled from the teacher `{teacher['engine']}` (artifact `{teacher.get('artifact_hash') or lineage.get('artifact_hash')}`"
+            f"{made}): its {teacher['precision']} probabilities of every training pair, computed once through fastnli's "
+            f"engine (train accuracy {teacher['train_accuracy']:.4f}). To rebuild this model, first rebuild and ship "
+            "the teacher, then run the command above.\n")
+
+
 def model_card(q: dict[str, Any], manifest: dict[str, Any]) -> str:
     """The model card: base model and licence, data and licences, recipe, accuracy per precision, known limits."""
     t = q["training"]
@@ -185,6 +199,7 @@ mnli/dev_matched, so `lingnli/val[unseen-premise]` is given too).
 `{t["command"]}`
 
 {json.dumps(t["recipe"], indent=1)}
+{distillation_text(t["recipe"].get("teacher_engine"))}
 
 Stopped: {t["stop_reason"]}; best step {best["step"]} (epoch {best["epoch"]}); wall time {t["timing_s"].get("total")} s
 on {t["platform"] if isinstance(t["platform"], str) else json.dumps(t["platform"])}.
@@ -196,7 +211,7 @@ on {t["platform"] if isinstance(t["platform"], str) else json.dumps(t["platform"
 | snli/dev (9,840) | {acc["snli/dev"]["fp32"]:.4f} | {acc["snli/dev"]["int8"]:.4f} |
 | lingnli/val (7,354) | {acc["lingnli/val"]["fp32"]:.4f} | {acc["lingnli/val"]["int8"]:.4f} |
 
-Training-time figures (PyTorch, bf16 autocast): {json.dumps(best["full"])}.
+Training-time figures (PyTorch, {t["recipe"]["precision"]}): {json.dumps(best["full"])}.
 
 INT8 vs fp32 argmax agreement: {json.dumps(q["int8_fp32_agreement"])}. Probe-set agreement with PyTorch fp32:
 fp32 max |Δp| {pv["fp32"]["max_abs_dprob"]:.2e}; INT8 max |Δp| {pv["int8"]["max_abs_dprob"]:.2e}, argmax agreement
@@ -232,6 +247,10 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     logger.setLevel(logging.INFO)
 
+    training = json.loads((args.checkpoint / "training_log.json").read_text())
+    teacher = training["recipe"].get("teacher_engine")
+    if teacher and teacher.get("lineage") is None:  # logs of earlier tool versions; before --out (maybe the teacher)
+        teacher["lineage"] = teacher_lineage(Path(teacher["artifact"]))  # is replaced
     work = Path(tempfile.mkdtemp(prefix="fastnli-ship-"))
     art = work / "artifact"
     manifest = export(args.checkpoint, art, precisions=("fp32", "int8"), int8_recipe=RECIPES[args.recipe],
@@ -282,7 +301,6 @@ def main() -> None:
     quality["probe_validation"] = {p: data["precisions"][p]["validation"] for p in ("fp32", "int8")}
     data["precisions"] = {"int8": data["precisions"]["int8"]}  # only the INT8 graph ships
     (out / MANIFEST_NAME).write_text(json.dumps(data, indent=2, sort_keys=True))
-    training = json.loads((args.checkpoint / "training_log.json").read_text())
     a = training["args"]  # logs of earlier tool versions described slice selection whatever --select-on said
     training["recipe"]["selection"] = selection_text(a["select_on"], a["eval_slice"], a["eval_every"])
     quality["training"] = training

@@ -41,6 +41,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -586,11 +587,30 @@ def engine_teacher_logprobs(name: str, split: Split) -> tuple[np.ndarray, dict[s
     record = {
         "engine": name,
         "artifact": str(engine.artifact_dir),
+        "artifact_hash": engine.manifest.artifact_hash,
         "precision": engine.precision,
         "train_accuracy": round(float((probs.argmax(1) == split.labels).mean()), 5),
         "seconds": round(seconds, 1),
+        "lineage": teacher_lineage(Path(engine.artifact_dir)),
     }
     return logp, record
+
+
+def teacher_lineage(artifact: Path) -> dict[str, Any] | None:
+    """How a teacher model shipped by ``tools/ship_default_model.py`` was made (its ``quality.json``): artifact hash,
+    training command, accuracy and, if it was distilled too, its own teacher. None for other artifacts."""
+    quality = artifact / "quality.json"
+    if not quality.is_file():
+        return None
+    q = json.loads(quality.read_text(encoding="utf-8"))
+    training = q.get("training", {})
+    teacher = training.get("recipe", {}).get("teacher_engine")
+    return {
+        "artifact_hash": json.loads((artifact / "manifest.json").read_text(encoding="utf-8")).get("artifact_hash"),
+        "command": training.get("command"),
+        "accuracy": q.get("accuracy"),
+        "teacher": teacher.get("lineage") if isinstance(teacher, dict) else None,
+    }
 
 
 def rdrop_loss(logits: Any, labels: Any, alpha: float, label_smoothing: float) -> Any:
@@ -879,7 +899,7 @@ def main(argv: list[str] | None = None) -> int:
     invocations.append({"first_step": step, "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
     t_train = t_progress = t_state = time.perf_counter()
 
-    def resumable_state(epoch: int, done: int, epoch_rng: dict[str, Any]) -> dict[str, Any]:
+    def resumable_state(epoch: int, done: int, epoch_rng: Mapping[str, Any]) -> dict[str, Any]:
         return {
             "format": 1, "recipe": recipe_arguments(args), "step": step, "epoch": epoch, "done_in_epoch": done,
             "epoch_rng": epoch_rng, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
