@@ -801,6 +801,9 @@ def main(argv: list[str] | None = None) -> int:
             param.requires_grad_(False)
     state_path = args.out / RESUME_FILE
     resumed = load_resume_state(state_path, args) if args.resume else None
+    if resumed is None and state_path.is_file():
+        LOG.warning("%s holds the state of an earlier run: starting over (it is replaced; --resume continues it)",
+                    state_path)
     teacher_logp, teacher_record = None, None
     if resumed is not None:
         teacher_logp, teacher_record = resumed["teacher_logp"], resumed["teacher_record"]
