@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SHARED_DATA
 
 torch = pytest.importorskip("torch")
 
@@ -120,7 +121,9 @@ def quiet_main(tool, monkeypatch):  # type: ignore[no-untyped-def]
 
 
 def _tiny_run(ckpt: Path, out: Path, *extra: str) -> list[str]:
-    return ["--base", str(ckpt), "--out", str(out), "--limit-train", "96", "--limit-eval", "24", "--eval-slice", "16",
+    if not SHARED_DATA.is_dir():
+        pytest.skip("../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
+    return ["--base", str(ckpt), "--out", str(out), "--data", str(SHARED_DATA), "--limit-train", "96", "--limit-eval", "24", "--eval-slice", "16",
             "--batch-size", "8", "--epochs", "2", "--eval-every", "5", "--rdrop-alpha", "0.5", "--threads", "1",
             "--log-level", "WARNING", *extra]
 
