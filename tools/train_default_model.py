@@ -599,6 +599,8 @@ def engine_teacher_logprobs(name: str, split: Split) -> tuple[np.ndarray, dict[s
 def teacher_lineage(artifact: Path) -> dict[str, Any] | None:
     """How a teacher model shipped by ``tools/ship_default_model.py`` was made (its ``quality.json``): artifact hash,
     training command, accuracy and, if it was distilled too, its own teacher. None for other artifacts."""
+    from fastnli.engine.manifest import read_manifest
+
     quality = artifact / "quality.json"
     if not quality.is_file():
         return None
@@ -606,7 +608,7 @@ def teacher_lineage(artifact: Path) -> dict[str, Any] | None:
     training = q.get("training", {})
     teacher = training.get("recipe", {}).get("teacher_engine")
     return {
-        "artifact_hash": json.loads((artifact / "manifest.json").read_text(encoding="utf-8")).get("artifact_hash"),
+        "artifact_hash": read_manifest(artifact).artifact_hash,
         "command": training.get("command"),
         "accuracy": q.get("accuracy"),
         "teacher": teacher.get("lineage") if isinstance(teacher, dict) else None,
@@ -910,8 +912,11 @@ def main(argv: list[str] | None = None) -> int:
             "torch_rng": torch.get_rng_state(), "counters": (loss_sum, loss_n, tokens_seen, padded_seen, train_time_s),
             "best": best, "best_state": best_state, "evals": evals_log, "teacher_logp": teacher_logp,
             "teacher_record": teacher_record,
-            "invocations": [*invocations[:-1], {**invocations[-1], "last_step": step}],
+            "invocations": invocations_so_far(),
         }
+
+    def invocations_so_far() -> list[dict[str, Any]]:  # this invocation's last step is the current one
+        return [*invocations[:-1], {**invocations[-1], "last_step": step}]
 
     with logging_redirect_tqdm():
         for epoch in range(start_epoch, n_epochs):
@@ -1064,7 +1069,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": {"per_epoch": steps_per_epoch, "planned": total_steps, "done": step, "warmup": warmup_steps},
         "stop_reason": stop_reason,
         "last_weights_sha256": last_weights_sha256,
-        "invocations": [*invocations[:-1], {**invocations[-1], "last_step": step}],
+        "invocations": invocations_so_far(),
         "evals": evals_log,
         "best": best,
         "timing_s": {
