@@ -129,6 +129,25 @@ def test_u8s8_saturates_reads_the_cpu_flags(monkeypatch: pytest.MonkeyPatch, mac
         u8s8_saturates.cache_clear()
 
 
+@pytest.mark.parametrize(
+    ("machine", "flags", "isa"),
+    [
+        ("x86_64", {"avx2", "avx512_vnni", "amx_tile", "amx_int8"}, "AMX-INT8"),  # e.g. Sapphire Rapids
+        ("x86_64", {"avx2", "avx512f", "avx512_vnni", "amx_bf16"}, "AVX-512 VNNI"),  # AMX without its INT8 part
+        ("x86_64", {"avx2", "avx_vnni"}, "AVX-VNNI"),
+        ("x86_64", {"avx2", "fma"}, "AVX2"),
+        ("x86_64", {"sse4_2"}, "x86-64"),
+        ("x86_64", None, "x86-64"),
+        ("aarch64", None, "aarch64"),
+    ],
+)
+def test_int8_isa_names_the_kernels_this_cpu_runs(monkeypatch: pytest.MonkeyPatch, machine: str,
+                                                   flags: set[str] | None, isa: str) -> None:
+    monkeypatch.setattr(session_mod.platform, "machine", lambda: machine)
+    monkeypatch.setattr(session_mod, "_cpu_flags", lambda: flags)
+    assert session_mod.int8_isa() == isa
+
+
 def test_exact_int8_setting_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FASTNLI_EXACT_INT8", raising=False)
     assert exact_int8_wanted(SessionConfig()) is u8s8_saturates()

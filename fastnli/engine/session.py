@@ -102,6 +102,24 @@ def u8s8_saturates() -> bool:
     return not (isinstance(features, dict) and features.get("AVX512VNNI", False))
 
 
+#: CPU flags that select ORT's x86-64 INT8 GEMM kernels, fastest first, with the name :func:`int8_isa` gives them.
+INT8_ISAS: tuple[tuple[str, str], ...] = (
+    ("amx_int8", "AMX-INT8"), ("avx512_vnni", "AVX-512 VNNI"), ("avx_vnni", "AVX-VNNI"), ("avx2", "AVX2"))
+
+
+def int8_isa() -> str:
+    """The instruction set ORT's INT8 matrix products use on this CPU: ``"AMX-INT8"``, ``"AVX-512 VNNI"``,
+    ``"AVX-VNNI"`` or ``"AVX2"`` on x86-64 (from ``/proc/cpuinfo``; ``"x86-64"`` where the flags cannot be read),
+    else the machine name (e.g. ``"aarch64"``). INT8 speeds differ several-fold between these."""
+    machine = platform.machine().lower()
+    if machine not in ("x86_64", "amd64", "i386", "i686", "x86"):
+        return machine or "unknown"
+    flags = _cpu_flags()
+    if flags is None:
+        return "x86-64"
+    return next((name for flag, name in INT8_ISAS if flag in flags), "x86-64")
+
+
 def exact_int8_wanted(config: SessionConfig) -> bool:
     """Whether sessions under ``config`` ask ORT for exact INT8 products (see :attr:`SessionConfig.exact_int8`)."""
     wanted = config.exact_int8 if config.exact_int8 is not None else _env_flag("FASTNLI_EXACT_INT8")
