@@ -147,6 +147,9 @@ def test_a_resumed_run_gives_the_weights_of_an_unbroken_run(quiet_main, tool, ck
     # the saved best checkpoint may come from before the break: the weights where training ended must match too
     assert logs[1]["last_weights_sha256"] == logs[0]["last_weights_sha256"]
     assert [(i["first_step"], i["last_step"]) for i in logs[1]["invocations"]] == [(0, 17), (17, 24)]
+    first, second = logs[1]["invocations"]  # each with its own command and wall time, for the model card
+    assert "--stop-after-steps" in first["command"] and "--resume" in second["command"]
+    assert first["wall_s"] > 0 and 0 < second["wall_s"] <= logs[1]["timing_s"]["total"]
 
 
 def test_resume_refuses_other_recipe_arguments_and_a_missing_state(quiet_main, tool, ckpt_bert, tmp_path) -> None:  # type: ignore[no-untyped-def]

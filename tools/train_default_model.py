@@ -733,6 +733,7 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S"
     )
     t_start = time.perf_counter()
+    command = [Path(sys.argv[0]).name, *(sys.argv[1:] if argv is None else argv)]
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if args.threads > 1 else "false")
 
     import torch
@@ -901,7 +902,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_rng_state(resumed["torch_rng"])
         LOG.info("resumed from %s at step %d/%d (epoch %d, %d of its steps done)", state_path, step, total_steps,
                  start_epoch + 1, done_in_epoch)
-    invocations.append({"first_step": step, "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    invocations.append({"first_step": step, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": command})
     t_train = t_progress = t_state = time.perf_counter()
 
     def resumable_state(epoch: int, done: int, epoch_rng: Mapping[str, Any]) -> dict[str, Any]:
@@ -915,8 +916,9 @@ def main(argv: list[str] | None = None) -> int:
             "invocations": invocations_so_far(),
         }
 
-    def invocations_so_far() -> list[dict[str, Any]]:  # this invocation's last step is the current one
-        return [*invocations[:-1], {**invocations[-1], "last_step": step}]
+    def invocations_so_far() -> list[dict[str, Any]]:  # this invocation's last step and wall time: the current ones
+        now = {"last_step": step, "wall_s": round(time.perf_counter() - t_start, 1)}
+        return [*invocations[:-1], {**invocations[-1], **now}]
 
     with logging_redirect_tqdm():
         for epoch in range(start_epoch, n_epochs):
@@ -1033,7 +1035,7 @@ def main(argv: list[str] | None = None) -> int:
         "task": "3-way NLI cross-encoder (fastnli embedded default model)",
         "labels": list(LABELS),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "command": [Path(sys.argv[0]).name, *(sys.argv[1:] if argv is None else argv)],
+        "command": command,
         "base_model": {
             "path": str(base),
             "package": BASE_PACKAGE,
