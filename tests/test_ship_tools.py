@@ -1,0 +1,135 @@
+"""The default model's ship and measure tools (tools/ship_default_model.py, tools/measure_default_model.py): the
+per-CPU runs they record in quality.json and what the model card renders from them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import SHARED_DATA
+
+from fastnli.default_model import DEFAULT_MODEL_DIR
+from fastnli.engine import NLIEngine
+from fastnli.engine.session import SessionConfig, exact_int8_wanted, int8_isa, u8s8_saturates
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+sys.path.insert(0, str(TOOLS))  # the tools import each other as top-level modules, as when run as scripts
+import measure_default_model  # noqa: E402
+import ship_default_model as ship  # noqa: E402
+
+LABELS = ["contradiction", "neutral", "entailment"]
+
+
+def _run(cpu: str, pairs_per_s: float, **extra: Any) -> dict[str, Any]:
+    return {"cpu": cpu, "int8_isa": "AVX2", "cores": 2, "int8_kernels": "U8S8", "date": "2026-12-02", "by": "t",
+            "pairs_per_s_snli_dev": {"int8": pairs_per_s}, **extra}
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
+def test_measure_records_this_cpu_once_and_renders_the_card(tmp_path: Path) -> None:
+    model = tmp_path / "default"
+    shutil.copytree(DEFAULT_MODEL_DIR, model)
+    before = json.loads((model / "quality.json").read_text())
+    argv = ["--model", str(model), "--data", str(SHARED_DATA), "--limit", "120"]
+    assert measure_default_model.main(argv) == 0
+    assert measure_default_model.main(argv) == 0  # a second run of the same CPU replaces the first
+    quality = json.loads((model / "quality.json").read_text())
+    ours = [r for r in quality["cpu_runs"] if r["by"] == "measure_default_model.py" and r["cpu"] == ship.cpu_name()]
+    assert len(ours) == 1
+    run = ours[0]
+    assert [r for r in quality["cpu_runs"] if r is not run] == [
+        r for r in before.get("cpu_runs", []) if (r["cpu"], r["int8_isa"]) != (run["cpu"], run["int8_isa"])
+        or r["int8_kernels"] != run["int8_kernels"]]  # the other CPUs' runs are kept as they were
+    assert run["int8_isa"] == int8_isa() and run["pairs"] == {"snli/dev": 120, "lingnli/val": 120}
+    assert run["int8_kernels"] == ("exact U8U8 (weights moved to uint8)" if exact_int8_wanted(SessionConfig())
+                                   else "U8S8")
+    assert ("saturating_u8s8" in run) == (exact_int8_wanted(SessionConfig()) and u8s8_saturates())
+    assert run["pairs_per_s_snli_dev"]["int8"] > 0
+    rows = [json.loads(x) for x in (SHARED_DATA / "dev.jsonl").read_text().splitlines()]
+    engine = NLIEngine(model, device="cpu", precision="int8")
+    for split in ("snli/dev", "lingnli/val"):
+        part = [r for r in rows if r["source"] == split][:120]
+        pred = engine.predict([(r["premise"], r["hypothesis"]) for r in part]).argmax(1)
+        gold = np.array([LABELS.index(r["label"]) for r in part])
+        assert run["accuracy_int8"][split] == round(float(np.mean(pred == gold)), 4)
+        gate = quality["gate"][split]
+        step = gate["every_nth_row"]
+        want = np.mean(pred[::step] == np.array(gate["fp32_argmax"][: len(pred[::step])]))
+        assert run["gate_int8_fp32_agreement"][split] == round(float(want), 4)
+    for key in ("accuracy", "gate", "int8_recipe", "training"):  # the shipped figures are not touched
+        assert quality[key] == before[key]
+    card = (model / "MODEL_CARD.md").read_text()
+    row = f"| {run['cpu']} ({run['cores']}) | {run['int8_isa']}, {run['int8_kernels']} | {run['pairs_per_s_snli_dev']['int8']} |"
+    assert row in card
+    assert "(first 120 of snli/dev, 120 of lingnli/val)" in card
+
+
+def test_measure_refuses_a_limit_below_one(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        measure_default_model.main(["--limit", "0"])
+    assert "--limit 0: give a positive number of rows, or leave it out for the full splits" in capsys.readouterr().err
+
+
+def test_merge_cpu_run_replaces_the_same_cpu_and_kernels_only() -> None:
+    runs = [_run("A", 10.0), _run("B", 20.0), _run("A", 5.0, int8_kernels="exact U8U8 (weights moved to uint8)")]
+    merged = ship.merge_cpu_run(runs, _run("A", 11.0))
+    assert [(r["cpu"], r["int8_kernels"], r["pairs_per_s_snli_dev"]["int8"]) for r in merged] == [
+        ("B", "U8S8", 20.0), ("A", "exact U8U8 (weights moved to uint8)", 5.0), ("A", "U8S8", 11.0)]
+
+
+def test_speed_table_is_fastest_first_and_saturating_text_comes_from_the_runs() -> None:
+    q: dict[str, Any] = {"training": {"data": {"eval_rows": {"snli/dev": 9840}}},
+                         "cpu_runs": [_run("Slow", 200.0, saturating_u8s8={"accuracy_snli_dev": 0.8408,
+                                                                            "labels_equal_to_exact": 0.964,
+                                                                            "pairs_per_s_snli_dev": 250.0}),
+                                      _run("Fast", 1300.0, pairs={"snli/dev": 9840})]}
+    table = ship.speed_table(q).splitlines()
+    assert table[2].startswith("| Fast (2) | AVX2, U8S8 | 1300.0 |") and table[3].startswith("| Slow (2) |")
+    assert "(first" not in table[2]
+    assert ship.saturating_text(q) == ("Slow, 2026-12-02, by t: 96.4% of snli/dev labels equal to the exact run's, "
+                                       "84.08% accuracy, 250.0 pairs/s")
+    assert ship.saturating_text({"cpu_runs": [_run("Fast", 1300.0)]}) == (
+        "not measured for this model (no run on a CPU without VNNI)")
+
+
+def test_card_gives_every_invocation_of_a_resumed_run_and_the_summed_wall_time() -> None:
+    first = {"first_step": 0, "last_step": 17, "started": "T1", "command": ["t.py", "--stop-after-steps", "17"],
+             "wall_s": 100.4}
+    second = {"first_step": 17, "last_step": 24, "started": "T2", "command": ["t.py", "--resume"], "wall_s": 50.2}
+    t = {"command": ["t.py", "--resume"], "invocations": [first, second],
+         "timing_s": {"total": 50.2, "train_steps_only": 120.0}}
+    assert ship.invocations_text(t) == (
+        "Run in 2 invocations, each after the first continued with `--resume`:\n\n"
+        "1. steps 0-17, started T1, 100 s: `['t.py', '--stop-after-steps', '17']`\n"
+        "2. steps 17-24, started T2, 50 s: `['t.py', '--resume']`")
+    assert ship.wall_time_text(t) == "wall time 151 s over 2 invocations"
+    old = {**t, "invocations": [{k: v for k, v in e.items() if k not in ("command", "wall_s")} for e in t["invocations"]]}
+    assert "The last command was `['t.py', '--resume']`; the tool did not record the earlier ones" in (
+        ship.invocations_text(old))
+    assert ship.wall_time_text(old) == ("wall time 50.2 s in the last of 2 invocations (earlier ones were not timed); "
+                                        "120.0 s of training steps over all of them")
+    single = {"command": ["t.py"], "invocations": [first], "timing_s": {"total": 100.4}}
+    assert ship.invocations_text(single) == "`['t.py']`" and ship.wall_time_text(single) == "wall time 100.4 s"
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
+def test_cpu_run_measures_the_saturating_kernels_where_exact_int8_is_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exact INT8 forced on: the run also scores with ORT's U8S8 kernels. On a VNNI CPU those are exact too, so the
+    labels must all be equal (this also checks that the uint8-weight graph computes the same products)."""
+    saturates = u8s8_saturates()
+    monkeypatch.setenv("FASTNLI_EXACT_INT8", "1")
+    monkeypatch.setattr(ship, "u8s8_saturates", lambda: True)
+    quality = json.loads((DEFAULT_MODEL_DIR / "quality.json").read_text())
+    splits = {split: ship.load(SHARED_DATA, split)[:120] for split in ("snli/dev", "lingnli/val")}
+    run = ship.cpu_run(NLIEngine(DEFAULT_MODEL_DIR, device="cpu", precision="int8"), splits, quality["gate"], "t")
+    sat = run["saturating_u8s8"]
+    assert run["int8_kernels"] == "exact U8U8 (weights moved to uint8)" and sat["pairs_per_s_snli_dev"] > 0
+    if not saturates:
+        assert sat["labels_equal_to_exact"] == 1.0 and sat["accuracy_snli_dev"] == run["accuracy_int8"]["snli/dev"]
+    else:
+        assert 0.5 < sat["labels_equal_to_exact"] <= 1.0
