@@ -170,6 +170,7 @@ def test_engines_sharing_a_cache_get_their_own_results(art_bert) -> None:  # typ
         assert engines[p].last_stats.cache_hits == len(pairs)
     modes = [NLIEngine(art_bert, device="cpu", precision="int8", result_cache=cache,
                        session_config=SessionConfig(exact_int8=exact)) for exact in (True, False)]
+    assert [m.exact_int8 for m in modes] == [True, False] and not engines["fp32"].exact_int8  # what each runs
     modes[0].predict(pairs)
     modes[1].predict(pairs)
     assert modes[0].last_stats.cache_hits + modes[1].last_stats.cache_hits == len(pairs)  # one mode is the default's

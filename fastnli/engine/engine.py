@@ -145,6 +145,8 @@ class NLIEngine:
         precision: the graph actually used, ``"fp32"``, ``"fp16"`` or ``"int8"``.
         providers: ORT's execution providers of the live session.
         streams: sessions running batches concurrently (CPU: see :func:`fastnli.engine.session.cpu_streams`).
+        exact_int8: whether the INT8 graph runs on ORT's exact U8U8 kernels (uint8 weights, see
+            :attr:`fastnli.engine.session.SessionConfig.exact_int8`); False for other graphs and devices.
         manifest: the artifact's manifest (source, versions, validation figures).
         last_stats: counters of the latest :meth:`predict` call.
     """
@@ -240,6 +242,7 @@ class NLIEngine:
         self.device: Device = device
         self.precision: str = precision
         self.streams = len(sessions)
+        self.exact_int8 = exact_int8
         self.providers: list[str] = list(sessions[0].get_providers())
         self._input_names = [i.name for i in sessions[0].get_inputs()]
         self.batch_policy = self._policy_override or (CUDA_POLICY if device == "cuda" else CPU_POLICY)
