@@ -15,7 +15,7 @@ from conftest import SHARED_DATA
 
 from fastnli.default_model import DEFAULT_MODEL_DIR
 from fastnli.engine import NLIEngine
-from fastnli.engine.session import SessionConfig, exact_int8_wanted, int8_isa, u8s8_saturates
+from fastnli.engine.session import SessionConfig, cpu_model_name, exact_int8_wanted, int8_isa, u8s8_saturates
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
 sys.path.insert(0, str(TOOLS))  # the tools import each other as top-level modules, as when run as scripts
@@ -39,7 +39,7 @@ def test_measure_records_this_cpu_once_and_renders_the_card(tmp_path: Path) -> N
     assert measure_default_model.main(argv) == 0
     assert measure_default_model.main(argv) == 0  # a second run of the same CPU replaces the first
     quality = json.loads((model / "quality.json").read_text())
-    ours = [r for r in quality["cpu_runs"] if r["by"] == "measure_default_model.py" and r["cpu"] == ship.cpu_name()]
+    ours = [r for r in quality["cpu_runs"] if r["by"] == "measure_default_model.py" and r["cpu"] == cpu_model_name()]
     assert len(ours) == 1
     run = ours[0]
     assert [r for r in quality["cpu_runs"] if r is not run] == [
@@ -125,7 +125,7 @@ def test_cpu_run_measures_the_saturating_kernels_where_exact_int8_is_on(monkeypa
     monkeypatch.setenv("FASTNLI_EXACT_INT8", "1")
     monkeypatch.setattr(ship, "u8s8_saturates", lambda: True)
     quality = json.loads((DEFAULT_MODEL_DIR / "quality.json").read_text())
-    splits = {split: ship.load(SHARED_DATA, split)[:120] for split in ("snli/dev", "lingnli/val")}
+    splits = {split: rows[:120] for split, rows in ship.load_splits(SHARED_DATA, ("snli/dev", "lingnli/val")).items()}
     run = ship.cpu_run(NLIEngine(DEFAULT_MODEL_DIR, device="cpu", precision="int8"), splits, quality["gate"], "t")
     sat = run["saturating_u8s8"]
     assert run["int8_kernels"] == "exact U8U8 (weights moved to uint8)" and sat["pairs_per_s_snli_dev"] > 0

@@ -19,7 +19,7 @@ from pathlib import Path
 from ship_default_model import (  # tools/ is on sys.path when this script runs
     REPO,
     cpu_run,
-    load,
+    load_splits,
     logger,
     merge_cpu_run,
     model_card,
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quality_path = args.model / "quality.json"
     quality = json.loads(quality_path.read_text())
-    splits = {split: load(args.data, split)[: args.limit] for split in SPLITS}
+    splits = {split: rows[: args.limit] for split, rows in load_splits(args.data, SPLITS).items()}
     engine = NLIEngine(args.model, device="cpu", precision="int8")
     run = cpu_run(engine, splits, quality["gate"], "measure_default_model.py")
     if args.limit is None:

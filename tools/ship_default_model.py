@@ -15,7 +15,6 @@ import datetime
 import json
 import logging
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -28,7 +27,7 @@ from train_default_model import selection_text, teacher_lineage  # tools/ is on 
 from fastnli.engine import NLIEngine, export
 from fastnli.engine.manifest import MANIFEST_NAME, read_manifest
 from fastnli.engine.precision import INT8_RECIPE, INT8_RECIPES
-from fastnli.engine.session import SessionConfig, exact_int8_wanted, int8_isa, u8s8_saturates
+from fastnli.engine.session import SessionConfig, cpu_model_name, int8_isa, u8s8_saturates
 
 logger = logging.getLogger("fastnli")
 REPO = Path(__file__).resolve().parents[1]
@@ -67,9 +66,14 @@ def calibration_pairs(data: Path) -> list[tuple[str, str]]:
     return [(p[i]["premise"], p[i]["hypothesis"]) for p in pools for i in rng.choice(len(p), half, replace=False)]
 
 
-def load(data: Path, source: str) -> list[dict[str, str]]:
+def load_splits(data: Path, sources: tuple[str, ...]) -> dict[str, list[dict[str, str]]]:
+    """The rows of each of ``sources`` in ``dev.jsonl`` (read once), in file order."""
     rows = [json.loads(x) for x in (data / "dev.jsonl").read_text().splitlines()]
-    return [r for r in rows if r["source"] == source]
+    return {source: [r for r in rows if r["source"] == source] for source in sources}
+
+
+def load(data: Path, source: str) -> list[dict[str, str]]:
+    return load_splits(data, (source,))[source]
 
 
 def evaluate(engine: NLIEngine, rows: list[dict[str, str]]) -> tuple[float, np.ndarray]:
@@ -100,18 +104,6 @@ def order_shift(engine: NLIEngine, rows: list[dict[str, str]]) -> dict[str, Any]
             "labels_flipped": int(np.sum(fwd.argmax(1) != rev.argmax(1)))}
 
 
-def cpu_name() -> str:
-    """This CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def cpu_run(int8: NLIEngine, splits: dict[str, list[dict[str, str]]], gate: dict[str, Any], by: str,
             others: dict[str, NLIEngine] | None = None,
             int8_pred: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
@@ -127,9 +119,9 @@ def cpu_run(int8: NLIEngine, splits: dict[str, list[dict[str, str]]], gate: dict
     gate_pred = {split: pred[split][:: g["every_nth_row"]] for split, g in gate.items()}  # (rows may be a prefix)
     gold = {split: np.array([LABELS.index(r["label"]) for r in rows]) for split, rows in splits.items()}
     snli = splits["snli/dev"]
-    exact = exact_int8_wanted(SessionConfig())
+    exact = int8.exact_int8
     run: dict[str, Any] = {
-        "cpu": cpu_name(), "int8_isa": int8_isa(), "cores": os.cpu_count(), "onnxruntime": ort.__version__,
+        "cpu": cpu_model_name(), "int8_isa": int8_isa(), "cores": os.cpu_count(), "onnxruntime": ort.__version__,
         "date": datetime.date.today().isoformat(), "by": by,
         "int8_kernels": "exact U8U8 (weights moved to uint8)" if exact else "U8S8",
         "accuracy_int8": {split: round(float(np.mean(pred[split] == gold[split])), 4) for split in splits},
@@ -390,7 +382,7 @@ def main() -> None:
     engines = {p: NLIEngine.from_pretrained(art, device="cpu", precision=p) for p in ("fp32", "int8")}  # type: ignore[arg-type]
     quality: dict[str, Any] = {"accuracy": {}, "gate": {}, "int8_recipe": manifest.precisions["int8"].recipe}
     preds: dict[str, dict[str, np.ndarray]] = {}
-    splits = {split: load(args.data, split) for split in ("snli/dev", "lingnli/val")}  # dev.jsonl read once each
+    splits = load_splits(args.data, ("snli/dev", "lingnli/val"))
     for split, rows in splits.items():
         quality["accuracy"][split] = {}
         preds[split] = {}

@@ -73,16 +73,27 @@ def _env_flag(name: str) -> bool | None:
     raise ValueError(f"{name}={os.environ[name]!r}: use 1 (on), 0 (off) or leave it unset (auto)")
 
 
-def _cpu_flags() -> set[str] | None:
-    """The CPU feature flags of ``/proc/cpuinfo`` (Linux), or None where they cannot be read."""
+def _cpuinfo(field: str) -> str | None:
+    """The first ``field`` value of ``/proc/cpuinfo`` (Linux), or None where it cannot be read."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return set(line.partition(":")[2].split())
+                if line.startswith(field):
+                    return line.partition(":")[2].strip()
     except OSError:
         pass
     return None
+
+
+def _cpu_flags() -> set[str] | None:
+    """The CPU feature flags of ``/proc/cpuinfo`` (Linux), or None where they cannot be read."""
+    flags = _cpuinfo("flags")
+    return None if flags is None else set(flags.split())
+
+
+def cpu_model_name() -> str:
+    """This CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` or the machine name elsewhere)."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 @functools.cache
