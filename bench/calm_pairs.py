@@ -6,11 +6,11 @@ Usage::
     python bench/calm_pairs.py [--model ARTIFACT_OR_CHECKPOINT] [--device cpu] [--precision fp32] \\
         [--queries 100] [--docs 5] [--k 5] [--repeats 3] [--seed 0]
 
-Without ``--model`` a tiny seeded DeBERTa checkpoint (``fastnli.synthetic.build_checkpoint``, the tests' ``art_v1``
+Without ``--model`` a tiny seeded DeBERTa checkpoint (``fastnli.exporter.checkpoint.build_checkpoint``, the tests' ``art_v1``
 shape) is built and exported (fp32 + int8) once into ``--work``.
 
 Workload (synthetic, seeded; scripted LMs, no network): ``--queries`` queries with ``--docs`` documents each (3-6
-sentences of ``fastnli.synthetic.corpus`` per document, titled). The main answer has 3-5 sentences, each copied from
+sentences of ``fastnli.exporter.checkpoint.corpus`` per document, titled). The main answer has 3-5 sentences, each copied from
 one of the documents it cites, with 1 (60 %), 2 (30 %) or 3 (10 %) citations. The verifier answer has 2-4
 sentences: some copied from the main answer, the rest from the cited documents. One iteration (``max_iterations=1``)
 of ``calm_batch`` runs; its engine pass holds every pair of every query: statements × verifier sentences
@@ -40,7 +40,7 @@ from fastnli.calm.statements import format_citations  # noqa: E402
 
 
 def _sentences(seed: int) -> list[str]:
-    from fastnli.synthetic import corpus
+    from fastnli.exporter.checkpoint import corpus
 
     seen = dict.fromkeys(s.strip() for s in corpus(n=4000, seed=seed))
     return [s for s in seen if len(s.split()) >= 4 and s[-1] in ".!?"]
@@ -84,8 +84,8 @@ def _by_question(answers: dict[str, str]) -> Any:
 
 
 def _tiny_artifact(work: Path) -> Path:
-    from fastnli.engine import export
-    from fastnli.synthetic import build_checkpoint
+    from fastnli.exporter import export
+    from fastnli.exporter.checkpoint import build_checkpoint
 
     art = work / "art_tiny"
     if not (art / "manifest.json").is_file():

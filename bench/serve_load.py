@@ -5,7 +5,7 @@ Usage::
     python bench/serve_load.py [--model ARTIFACT] [--device auto] [--precision auto] [--clients 4,16,48] \\
         [--duration 5] [--max-requests 40000] [--overload 4] [--overload-queue-size 32] [--json out.json]
 
-Without ``--model`` the tiny seeded DeBERTa (``fastnli.synthetic.build_checkpoint``, the tests' ``art_v1`` shape) is
+Without ``--model`` the tiny seeded DeBERTa (``fastnli.exporter.checkpoint.build_checkpoint``, the tests' ``art_v1`` shape) is
 built and exported (fp32) once into ``--work``. Default run: about 40 s, plus about 20 s the first time (export).
 
 Servers run in their own processes (``multiprocessing`` spawn, 127.0.0.1, ephemeral port) so the client threads do
@@ -153,7 +153,7 @@ def _diff(after: str, before: str) -> str:
 # -- workload -----------------------------------------------------------------------------------------------------
 def make_pool(n: int, seed: int) -> list[list[tuple[str, str]]]:
     """``n`` requests of 1-8 short (premise, hypothesis) pairs from the seeded synthetic corpus."""
-    from fastnli.synthetic import corpus
+    from fastnli.exporter.checkpoint import corpus
 
     sentences = corpus(600, seed=seed)
     rng = random.Random(seed)
@@ -345,8 +345,8 @@ def open_loop(port: int, rate: float, workers: int, duration: float, max_request
 
 # -- main -----------------------------------------------------------------------------------------------------------
 def _tiny_artifact(work: Path) -> Path:
-    from fastnli.engine import export
-    from fastnli.synthetic import build_checkpoint
+    from fastnli.exporter import export
+    from fastnli.exporter.checkpoint import build_checkpoint
 
     art = work / "art_tiny_fp32"
     if not (art / "manifest.json").is_file():

@@ -14,8 +14,9 @@ pytest.importorskip("torch")
 
 from fastnli.benchmark.run import uqlm_pairs  # noqa: E402
 from fastnli.benchmark.workloads import short_workload  # noqa: E402
-from fastnli.engine import NLIEngine, export  # noqa: E402
-from fastnli.synthetic import build_checkpoint  # noqa: E402
+from fastnli.engine import NLIEngine  # noqa: E402
+from fastnli.exporter import export  # noqa: E402
+from fastnli.exporter.checkpoint import build_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@ pair scheduler (dedup, length packing under a token budget), uqlm-exact NCP scor
 model so that everything works offline.
 """
 
-from fastnli.engine import BatchPolicy, CallStats, NLIEngine, SessionConfig, export
+from fastnli.engine import BatchPolicy, CallStats, NLIEngine, SessionConfig
+from fastnli.exporter import export
 from fastnli.scorers import ScoreResult, ScoreRow, score
 
 __version__ = "0.1.0"

@@ -65,7 +65,7 @@ def engine_from_args(args: argparse.Namespace) -> Any:
 
 
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
-    from fastnli.synthetic import build_checkpoint
+    from fastnli.exporter.checkpoint import build_checkpoint
 
     path = build_checkpoint(args.out, arch=args.arch, size=args.size, seed=args.seed, label_order=args.label_order)
     _console().print(f"seeded {args.arch}/{args.size} checkpoint written to {path}")
@@ -86,10 +86,10 @@ def _print_manifest(manifest: Any) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from fastnli.engine import export
+    from fastnli.exporter import export
 
     precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
-    from fastnli.engine.precision import INT8_RECIPES
+    from fastnli.exporter.precision import INT8_RECIPES
 
     manifest = export(args.model, args.out, precisions=precisions, opset=args.opset, validate=not args.no_validate,
                       int8_recipe=INT8_RECIPES[args.int8_recipe])

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastnli.engine import export
-from fastnli.synthetic import build_checkpoint
+from fastnli.exporter import export
+from fastnli.exporter.checkpoint import build_checkpoint
 
 
 def _need_export_extra() -> None:

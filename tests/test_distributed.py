@@ -20,7 +20,7 @@ pytest.importorskip("ray.data")
 from fastnli.benchmark.workloads import short_workload  # noqa: E402
 from fastnli.distributed import score_dataset, share_artifact, write_scores  # noqa: E402
 from fastnli.engine import NLIEngine, read_manifest  # noqa: E402
-from fastnli.engine.runner import BatchPolicy  # noqa: E402
+from fastnli.engine.batches import BatchPolicy  # noqa: E402
 from fastnli.scorers import score  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 from conftest import RAGGED_PAIRS, torch_probs
 
-from fastnli.engine import NLIEngine, SessionConfig, export, read_manifest
+from fastnli.engine import NLIEngine, SessionConfig, read_manifest
 from fastnli.engine.labels import canonical_columns
-from fastnli.engine.probe import probe_pairs
-from fastnli.synthetic import build_checkpoint
+from fastnli.exporter import export
+from fastnli.exporter.checkpoint import build_checkpoint
+from fastnli.exporter.probe import probe_pairs
 
-export_module = importlib.import_module("fastnli.engine.export")
+export_module = importlib.import_module("fastnli.exporter.export")
 
 
 @pytest.mark.parametrize("art, ck", [("art_v1", "ckpt_v1"), ("art_v2", "ckpt_v2"), ("art_bert", "ckpt_bert")])
@@ -89,7 +90,7 @@ def _export_int8_recipe(ckpt: Path, out: Path, name: str) -> tuple[dict[str, Any
     manifest, the INT8 graph's op types and the checkpoint's layer count."""
     import onnx
 
-    from fastnli.engine.precision import INT8_RECIPES
+    from fastnli.exporter.precision import INT8_RECIPES
 
     m = export(ckpt, out, precisions=("fp32", "int8"), int8_recipe=INT8_RECIPES[name])
     ops = [n.op_type for n in onnx.load(str(out / "model_int8.onnx")).graph.node]
@@ -145,9 +146,9 @@ def test_outlier_split_keeps_the_fp32_function(art: str, split: bool, request: p
     import onnx
     import onnxruntime as ort
 
-    from fastnli.engine.export import calibration_feeds
-    from fastnli.engine.outliers import BRANCH_TAG, split_outliers
     from fastnli.engine.tokenize import PairTokenizer
+    from fastnli.exporter.export import calibration_feeds
+    from fastnli.exporter.outliers import BRANCH_TAG, split_outliers
 
     path = request.getfixturevalue(art)
     m = read_manifest(path)
@@ -175,7 +176,7 @@ def test_outlier_split_keeps_the_fp32_function(art: str, split: bool, request: p
 def test_outlier_split_recipe_keeps_its_branches_fp32(ckpt_v2: Path, workdir: Path) -> None:
     import onnx
 
-    from fastnli.engine.outliers import BRANCH_TAG
+    from fastnli.exporter.outliers import BRANCH_TAG
 
     out = workdir / "art_v2_outliers"
     recipe, _, layers = _export_int8_recipe(ckpt_v2, out, "outlier-split")
@@ -216,7 +217,7 @@ def test_static_split_copies_round_to_the_channel(ckpt_v1: Path, workdir: Path) 
     import onnx
     from onnx import numpy_helper
 
-    from fastnli.engine.outliers import BRANCH_TAG, SPLIT_CONCAT, SPLIT_DITHER
+    from fastnli.exporter.outliers import BRANCH_TAG, SPLIT_CONCAT, SPLIT_DITHER
 
     out = workdir / "art_ckpt_v1_static"
     if not (out / "manifest.json").is_file():  # else written by test_static_int8_recipe_is_batch_invariant
@@ -243,7 +244,7 @@ def test_static_split_copies_round_to_the_channel(ckpt_v1: Path, workdir: Path) 
 
 
 def test_outlier_split_recipe_errors(art_v1: Path, tmp_path: Path) -> None:
-    from fastnli.engine.precision import INT8_RECIPES, to_int8
+    from fastnli.exporter.precision import INT8_RECIPES, to_int8
 
     src, dst = art_v1 / "model_fp32.onnx", tmp_path / "x.onnx"
     for name in ("outlier-split", "static"):
@@ -262,7 +263,7 @@ def test_outlier_split_recipe_errors(art_v1: Path, tmp_path: Path) -> None:
 
 
 def test_int8_recipe_that_quantizes_nothing_is_refused(art_v1: Path, tmp_path: Path) -> None:
-    from fastnli.engine.precision import INT8_RECIPE, to_int8
+    from fastnli.exporter.precision import INT8_RECIPE, to_int8
 
     with pytest.raises(ValueError, match="an INT8 recipe with no op_types quantizes nothing; give op_types or a "
                                          "blockwise section"):
@@ -270,7 +271,7 @@ def test_int8_recipe_that_quantizes_nothing_is_refused(art_v1: Path, tmp_path: P
 
 
 def test_blockwise_recipe_that_matches_nothing_is_refused(art_v1: Path, tmp_path: Path) -> None:
-    from fastnli.engine.precision import blockwise_matmuls
+    from fastnli.exporter.precision import blockwise_matmuls
 
     with pytest.raises(ValueError, match=re.escape("blockwise INT8: no MatMul of")):
         blockwise_matmuls(art_v1 / "model_fp32.onnx", tmp_path / "x.onnx",

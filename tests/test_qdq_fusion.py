@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from fastnli.engine.qdq_fusion import fuse_qdq_matmuls
 from fastnli.engine.session import SessionConfig, create_session, session_model
+from fastnli.exporter.qdq_fusion import fuse_qdq_matmuls
 
 K, N = 16, 24
 

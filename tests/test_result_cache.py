@@ -8,8 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from fastnli.kernels import ResultCache
-from fastnli.kernels.cache import ENTRY_OVERHEAD_BYTES
+from fastnli.engine import ResultCache
+from fastnli.engine.result_cache import ENTRY_OVERHEAD_BYTES
 
 ART = "sha256:abc"
 

@@ -1,11 +1,10 @@
-"""The default model's ship and measure tools (tools/ship_default_model.py, tools/measure_default_model.py): the
+"""The default model's ship and measure tools (tools/default_model/ship.py, tools/default_model/measure.py): the
 per-CPU runs they record in quality.json and what the model card renders from them."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +15,8 @@ from conftest import SHARED_DATA
 from fastnli.default_model import DEFAULT_MODEL_DIR
 from fastnli.engine import NLIEngine
 from fastnli.engine.session import SessionConfig, cpu_model_name, exact_int8_wanted, int8_isa, u8s8_saturates
-
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
-sys.path.insert(0, str(TOOLS))  # the tools import each other as top-level modules, as when run as scripts
-import measure_default_model  # noqa: E402
-import ship_default_model as ship  # noqa: E402
+from tools.default_model import measure as measure_default_model
+from tools.default_model import ship
 
 LABELS = ["contradiction", "neutral", "entailment"]
 
@@ -34,11 +30,13 @@ def _run(cpu: str, pairs_per_s: float, **extra: Any) -> dict[str, Any]:
 def test_measure_records_this_cpu_once_and_renders_the_card(tmp_path: Path) -> None:
     model = tmp_path / "default"
     shutil.copytree(DEFAULT_MODEL_DIR, model)
-    before = json.loads((model / "quality.json").read_text())
-    argv = ["--model", str(model), "--data", str(SHARED_DATA), "--limit", "120"]
+    shutil.copy2(ship.QUALITY, tmp_path / "quality.json")
+    before = json.loads((tmp_path / "quality.json").read_text())
+    argv = ["--model", str(model), "--quality", str(tmp_path / "quality.json"), "--data", str(SHARED_DATA),
+            "--limit", "120"]
     assert measure_default_model.main(argv) == 0
     assert measure_default_model.main(argv) == 0  # a second run of the same CPU replaces the first
-    quality = json.loads((model / "quality.json").read_text())
+    quality = json.loads((tmp_path / "quality.json").read_text())
     ours = [r for r in quality["cpu_runs"] if r["by"] == "measure_default_model.py" and r["cpu"] == cpu_model_name()]
     assert len(ours) == 1
     run = ours[0]
@@ -124,7 +122,7 @@ def test_cpu_run_measures_the_saturating_kernels_where_exact_int8_is_on(monkeypa
     saturates = u8s8_saturates()
     monkeypatch.setenv("FASTNLI_EXACT_INT8", "1")
     monkeypatch.setattr(ship, "u8s8_saturates", lambda: True)
-    quality = json.loads((DEFAULT_MODEL_DIR / "quality.json").read_text())
+    quality = json.loads(ship.QUALITY.read_text())
     splits = {split: rows[:120] for split, rows in ship.load_splits(SHARED_DATA, ("snli/dev", "lingnli/val")).items()}
     run = ship.cpu_run(NLIEngine(DEFAULT_MODEL_DIR, device="cpu", precision="int8"), splits, quality["gate"], "t")
     sat = run["saturating_u8s8"]

@@ -1,12 +1,10 @@
-"""The training tool (tools/train_default_model.py): its loss terms, checked against their formulas written out, and its
+"""The training tool (tools/default_model/train.py): its loss terms, checked against their formulas written out, and its
 teacher options."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,17 +13,13 @@ from conftest import SHARED_DATA
 
 torch = pytest.importorskip("torch")
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "train_default_model.py"
 
 
 @pytest.fixture(scope="module")
 def tool():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("train_default_model", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    from tools.default_model import train
+
+    return train
 
 
 def _kl(p: list[float], q: list[float]) -> float:
@@ -95,7 +89,7 @@ def test_engine_teacher_gives_the_engines_log_probabilities_in_input_order(tool)
     # the record says which model taught and how that model was made (the shipped model's quality.json)
     from fastnli.default_model import DEFAULT_MODEL_DIR
 
-    quality = json.loads((DEFAULT_MODEL_DIR / "quality.json").read_text())
+    quality = json.loads(tool.DEFAULT_MODEL_QUALITY.read_text())
     assert record["artifact_hash"] == json.loads((DEFAULT_MODEL_DIR / "manifest.json").read_text())["artifact_hash"]
     assert record["lineage"]["command"] == quality["training"]["command"]
     assert record["lineage"]["accuracy"] == quality["accuracy"]

@@ -34,7 +34,7 @@ SAMPLED = [
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from fastnli.synthetic import build_checkpoint
+    from fastnli.exporter.checkpoint import build_checkpoint
 
     return build_checkpoint(tmp_path_factory.mktemp("uqlm") / "ck", arch="deberta", size="tiny")
 

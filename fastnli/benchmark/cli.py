@@ -31,7 +31,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _checkpoint(args: argparse.Namespace) -> Path:
     from fastnli.engine import cache_root
-    from fastnli.synthetic import build_checkpoint
+    from fastnli.exporter.checkpoint import build_checkpoint
 
     if args.checkpoint:
         return Path(args.checkpoint)

@@ -37,8 +37,8 @@ def gemm_peaks(rows: int = 2048, k: int = 1024, n: int = 4096, repeats: int = 5,
     """Measured GEMM throughput in GFLOP/s (2·m·k·n per product) for ``fp32`` and ``int8`` on ORT's CPU provider."""
     import onnxruntime as ort
 
-    from fastnli.engine.precision import to_int8
     from fastnli.engine.session import SessionConfig, session_model, session_options
+    from fastnli.exporter.precision import to_int8
 
     out = {}
     with tempfile.TemporaryDirectory() as d:

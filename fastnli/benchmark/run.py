@@ -19,8 +19,7 @@ import numpy as np
 
 from fastnli.benchmark.roofline import deberta_flops
 from fastnli.benchmark.workloads import Workload
-from fastnli.engine import NLIEngine
-from fastnli.kernels import ResultCache
+from fastnli.engine import NLIEngine, ResultCache
 from fastnli.scorers import formulas, score
 
 logger = logging.getLogger("fastnli")

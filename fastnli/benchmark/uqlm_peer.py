@@ -622,7 +622,7 @@ def run_uqlm(
     Args:
         checkpoint_dir: with ``nli="uqlm"``: local Hugging Face sequence-classification checkpoint (needs
             ``config.json``); with ``nli="fastnli"``: a fastnli export artifact (needs ``manifest.json``, see
-            :func:`fastnli.engine.export`; the uqlm venv has no export dependencies).
+            :func:`fastnli.exporter.export`; the uqlm venv has no export dependencies).
         responses: one original response per prompt.
         sampled_responses: the sampled responses of each prompt (uqlm normalises entropies with the count of the
             first prompt's samples).
@@ -664,7 +664,7 @@ def run_uqlm(
     if nli == "fastnli" and not (checkpoint / "manifest.json").is_file():
         raise FileNotFoundError(
             f"nli='fastnli' needs a fastnli export artifact (manifest.json), which {checkpoint} is not; export the "
-            "checkpoint first with fastnli.engine.export (the uqlm venv cannot export)"
+            "checkpoint first with fastnli.exporter.export (the uqlm venv cannot export)"
         )
     scorer_list = list(scorers)
     if not scorer_list:

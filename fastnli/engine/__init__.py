@@ -1,5 +1,8 @@
-"""The NLI engine: export to ONNX (fp32/FP16/INT8) and run on ONNX Runtime, GPU first with a CPU fallback."""
+"""Run time: load an exported ONNX artifact (fp32/FP16/INT8) and run it on ONNX Runtime, GPU first with a CPU fallback.
 
+Exporting a checkpoint is build time and lives in :mod:`fastnli.exporter`."""
+
+from fastnli.engine.batches import CPU_POLICY, CUDA_POLICY, BatchPolicy
 from fastnli.engine.engine import (
     INT8_MIN_AGREEMENT,
     CallStats,
@@ -8,14 +11,13 @@ from fastnli.engine.engine import (
     cpu_auto_precision,
     resolve_artifact,
 )
-from fastnli.engine.export import export
 from fastnli.engine.labels import CANONICAL_LABELS, canonical_columns
 from fastnli.engine.manifest import Manifest, read_manifest
-from fastnli.engine.runner import CPU_POLICY, CUDA_POLICY, BatchPolicy
+from fastnli.engine.result_cache import ResultCache
 from fastnli.engine.session import SessionConfig
 
 __all__ = [
     "BatchPolicy", "CANONICAL_LABELS", "CPU_POLICY", "CUDA_POLICY", "CallStats", "INT8_MIN_AGREEMENT", "Manifest",
-    "NLIEngine", "SessionConfig", "cache_root", "canonical_columns", "cpu_auto_precision", "export", "read_manifest",
+    "NLIEngine", "ResultCache", "SessionConfig", "cache_root", "canonical_columns", "cpu_auto_precision", "read_manifest",
     "resolve_artifact",
 ]

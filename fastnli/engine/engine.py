@@ -18,9 +18,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+from fastnli.engine.batches import CPU_POLICY, CUDA_POLICY, BatchPolicy, RunStats, score_unique
 from fastnli.engine.labels import CANONICAL_LABELS
 from fastnli.engine.manifest import PRECISIONS, Manifest, checkpoint_hash, read_manifest
-from fastnli.engine.runner import CPU_POLICY, CUDA_POLICY, BatchPolicy, RunStats, score_unique
+from fastnli.engine.result_cache import ResultCache
 from fastnli.engine.session import (
     Device,
     SessionConfig,
@@ -31,7 +32,7 @@ from fastnli.engine.session import (
     session_model,
 )
 from fastnli.engine.tokenize import PairTokenizer
-from fastnli.kernels import ResultCache, dedup_pairs, scatter_rows
+from fastnli.kernels import dedup_pairs, scatter_rows
 
 logger = logging.getLogger("fastnli")
 
@@ -89,7 +90,7 @@ def resolve_artifact(name_or_dir: str | Path, cache_dir: str | Path | None = Non
     path = Path(name_or_dir).expanduser()
     if path.is_dir() and (path / "manifest.json").is_file():
         return path
-    from fastnli.engine.export import export, resolve_checkpoint
+    from fastnli.exporter.export import export, resolve_checkpoint
 
     if path.is_dir() and not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} holds neither manifest.json (a fastnli artifact) nor config.json (a HF "
@@ -193,7 +194,7 @@ class NLIEngine:
                 at least :data:`INT8_MIN_AGREEMENT`, else fp32), or ``"fp32"``, ``"fp16"``, ``"int8"``.
             batch_policy: token budget and row cap per batch (default :data:`CPU_POLICY` or :data:`CUDA_POLICY`).
             session_config: ORT threads and optimisation level.
-            result_cache: an optional :class:`fastnli.kernels.ResultCache` shared across calls (or engines): keys
+            result_cache: an optional :class:`fastnli.engine.ResultCache` shared across calls (or engines): keys
                 carry the artifact hash, the precision in use and the INT8 kernel mode, so engines never see each
                 other's results unless they come from the same graph run the same way.
             cache_dir: overrides ``$FASTNLI_CACHE`` for exports of HF checkpoints.

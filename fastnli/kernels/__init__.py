@@ -27,13 +27,11 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Literal
 
 from fastnli.kernels import reference
-from fastnli.kernels.cache import ResultCache
 from fastnli.kernels.reference import Plan
 
 __all__ = [
     "IMPLEMENTATION",
     "Plan",
-    "ResultCache",
     "dedup_pairs",
     "fill_batch",
     "flatten_token_lists",

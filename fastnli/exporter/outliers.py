@@ -47,7 +47,7 @@ SPLIT_DITHER = "split_dither"
 
 def _max_abs(model: Any, tensors: list[str], feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Per-channel (last axis) max |value| of ``tensors`` over the real tokens of ``feeds`` (fp32, on CPU)."""
-    from fastnli.engine.static_int8 import activations
+    from fastnli.exporter.calibration import activations
 
     if not feeds:
         raise ValueError("outlier split: the calibration set is empty")
@@ -97,7 +97,7 @@ class _Graph:
 
     def add_after_bias(self, matmul: Any, side: str, name: str) -> None:
         """Add ``side`` to the result of ``matmul``, after its bias ``Add`` when one follows, so that the bias can
-        still fold into the quantized MatMul (:mod:`fastnli.engine.qdq_fusion`)."""
+        still fold into the quantized MatMul (:mod:`fastnli.exporter.qdq_fusion`)."""
         users = [n for n in self.g.node if matmul.output[0] in n.input]
         target = matmul
         if len(users) == 1 and users[0].op_type == "Add" and any(self.array(i) is not None for i in users[0].input):

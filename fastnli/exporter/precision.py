@@ -25,8 +25,8 @@ INT8 (``to_int8``):
     padding included, so its probabilities move with batch composition.
 
     A recipe with an ``"outliers"`` section moves the FFN's outlier neurons and input channels to fp32 side
-    branches first (:mod:`fastnli.engine.outliers`); ``"method": "static"`` then fixes every activation range at
-    export time (:mod:`fastnli.engine.static_int8`): batch-invariant like ``blockwise``, on the fast int8 GEMMs of
+    branches first (:mod:`fastnli.exporter.outliers`); ``"method": "static"`` then fixes every activation range at
+    export time (:mod:`fastnli.exporter.static_int8`): batch-invariant like ``blockwise``, on the fast int8 GEMMs of
     the dynamic recipe. Both calibrate on ``calibration`` batches (:func:`needs_calibration`). ``"channel_split"``
     (static only) turns the outlier channels into dithered copies inside the INT8 GEMM instead of an fp32 branch.
     :data:`INT8_RECIPES` names the recipes ``fastnli export --int8-recipe`` offers.
@@ -225,8 +225,8 @@ def to_int8(src: str | Path, dst: str | Path, recipe: dict[str, Any] | None = No
 
     A recipe with ``"embeddings": "fp16"`` also stores the embedding tables in fp16 (see :func:`fp16_embeddings`).
     A recipe with an ``"outliers"`` section first moves activation outliers to fp32 side branches
-    (:mod:`fastnli.engine.outliers`); ``"method": "static"`` fixes every activation range at export time
-    (:mod:`fastnli.engine.static_int8`). Both measure on ``calibration`` (the graph's input dicts; required then).
+    (:mod:`fastnli.exporter.outliers`); ``"method": "static"`` fixes every activation range at export time
+    (:mod:`fastnli.exporter.static_int8`). Both measure on ``calibration`` (the graph's input dicts; required then).
     """
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -247,8 +247,8 @@ def to_int8(src: str | Path, dst: str | Path, recipe: dict[str, Any] | None = No
                          "calibration=[feed dicts]")
     exclude: list[str] = []
     if calibrated:
-        from fastnli.engine.outliers import BRANCH_TAG, split_outliers
-        from fastnli.engine.static_int8 import quantize_static_int8
+        from fastnli.exporter.outliers import BRANCH_TAG, split_outliers
+        from fastnli.exporter.static_int8 import quantize_static_int8
 
         assert calibration is not None
         model = onnx.load(str(src))

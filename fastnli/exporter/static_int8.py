@@ -5,88 +5,21 @@ Dynamic INT8 measures each MatMul input's range on the whole batch at run time (
 move a pair's probabilities. Here every quantized MatMul input gets one range, measured once on calibration
 batches over the real tokens only and clipped at a percentile (default 99.999: the top and bottom 0.001% of the
 values are clipped; the plain min/max lets a handful of extreme values set the scale). ORT's quantizer writes the
-graph in QDQ form with fp32 MatMul outputs, weights int8 per output channel; :mod:`fastnli.engine.qdq_fusion` then
+graph in QDQ form with fp32 MatMul outputs, weights int8 per output channel; :mod:`fastnli.exporter.qdq_fusion` then
 writes each quantized MatMul as the ``QuantizeLinear`` + ``MatMulIntegerToFloat`` (int8 VNNI kernels) that ORT would
 run, with the bias folded in, and lets the fp32 readers of a quantized tensor (the residual stream) read it unrounded.
-A channel split (:mod:`fastnli.engine.outliers`) gets its dither from the fixed scale.
+A channel split (:mod:`fastnli.exporter.outliers`) gets its dither from the fixed scale.
 """
 
 from __future__ import annotations
 
 import inspect
-import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-
-def session_with_outputs(model: Any, tensors: list[str]) -> tuple[Any, list[int]]:
-    """A CPU session of ``model`` that also returns ``tensors``, and their output positions.
-
-    The session runs without ORT's memory arena: calibration batches have ragged shapes, and with dozens of
-    requested intermediate outputs the arena grew by every new shape and never shrank (a base-size DeBERTa passed
-    10 GiB within 16 calibration batches).
-    """
-    import onnx
-    import onnxruntime as ort
-
-    kept = len(model.graph.output)
-    for name in tensors:  # added in place and removed again: a copy of a large graph costs its size
-        model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    try:
-        serialized = model.SerializeToString()
-    finally:
-        del model.graph.output[kept:]
-    opts = ort.SessionOptions()
-    opts.enable_cpu_mem_arena = False
-    sess = ort.InferenceSession(serialized, opts, providers=["CPUExecutionProvider"])
-    del serialized
-    names = [o.name for o in sess.get_outputs()]
-    return sess, [names.index(t) for t in tensors]
-
-
-def activations(model: Any, tensors: list[str], feeds: list[dict[str, np.ndarray]]
-                ) -> Iterator[tuple[str, np.ndarray, bool]]:
-    """``(tensor, values, per_token)`` for each of ``tensors`` and each batch of ``feeds``, run in fp32 on CPU:
-    per-token tensors give their real tokens' rows ``(tokens, channels)``; the others (DeBERTa's position
-    projections) all their rows."""
-    sess, where = session_with_outputs(model, tensors)
-    for feed in feeds:
-        real = feed["attention_mask"].astype(bool)
-        out = sess.run(None, feed)
-        for t, i in zip(tensors, where):
-            a = out[i]
-            per_token = a.shape[:2] == real.shape
-            yield t, (a[real] if per_token else a.reshape(-1, a.shape[-1])), per_token
-
-
-def percentile_ranges(model: Any, tensors: list[str], feeds: list[dict[str, np.ndarray]],
-                      percentile: float, skip: dict[str, list[int]] | None = None) -> dict[str, tuple[float, float]]:
-    """``(low, high)`` of each tensor over the real tokens of ``feeds``: the ``100 - percentile`` and
-    ``percentile`` percentiles of its values (from the tails kept batch by batch: exact for per-token tensors), widened
-    to include 0. ``skip`` leaves out channels (last axis) of some tensors: those of a channel split.
-    """
-    skip = skip or {}
-    real_tokens = sum(int(f["attention_mask"].sum()) for f in feeds)
-    tails: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    keep: dict[str, int] = {}
-    for t, a, per_token in activations(model, tensors, feeds):
-        if t in skip:
-            a = np.delete(a, skip[t], axis=-1)
-        v = a.ravel()
-        if t not in keep:  # values beyond the percentile, +1: the rank that gives the percentile itself
-            count = real_tokens * a.shape[-1] if per_token else a.size * len(feeds)
-            keep[t] = math.ceil(count * (100.0 - percentile) / 100.0) + 1
-            tails[t] = (np.empty(0, np.float32), np.empty(0, np.float32))
-        lo, hi = np.concatenate([tails[t][0], v]), np.concatenate([tails[t][1], v])
-        n = keep[t]
-        if lo.size > n:  # copies: a slice would keep the whole partitioned batch alive
-            lo = np.partition(lo, n - 1)[:n].copy()
-            hi = np.partition(hi, hi.size - n)[-n:].copy()
-        tails[t] = (lo, hi)
-    return {t: (min(float(tails[t][0].max()), 0.0), max(float(tails[t][1].min()), 0.0)) for t in tensors}
+from fastnli.exporter.calibration import percentile_ranges
 
 
 def quantize_static_int8(model: Any, dst: str | Path, recipe: dict[str, Any], feeds: list[dict[str, np.ndarray]],
@@ -94,13 +27,13 @@ def quantize_static_int8(model: Any, dst: str | Path, recipe: dict[str, Any], fe
     """Write the static INT8 graph of ``model`` (an ``onnx.ModelProto``) to ``dst``; returns what to record.
 
     The constant-weight MatMuls of the graph are quantized but those named in ``exclude``; their inputs get the
-    ranges of :func:`percentile_ranges` at ``recipe["static"]["percentile"]``.
+    ranges of :func:`~fastnli.exporter.calibration.percentile_ranges` at ``recipe["static"]["percentile"]``.
     """
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-    from fastnli.engine.outliers import clipped_channels, set_split_dither
-    from fastnli.engine.qdq_fusion import fuse_qdq_matmuls, unround_float_readers
+    from fastnli.exporter.outliers import clipped_channels, set_split_dither
+    from fastnli.exporter.qdq_fusion import fuse_qdq_matmuls, unround_float_readers
 
     outliers = recipe.get("outliers", {})  # the spec and what split_outliers recorded
     pct = float(recipe["static"]["percentile"])

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from fastnli.engine.batches import CPU_POLICY, score_unique
 from fastnli.engine.labels import canonical_columns
 from fastnli.engine.manifest import (
     MANIFEST_NAME,
@@ -32,10 +33,9 @@ from fastnli.engine.manifest import (
     checkpoint_hash,
     sha256_file,
 )
-from fastnli.engine.precision import needs_calibration, to_fp16, to_int8
-from fastnli.engine.probe import probe_pairs
-from fastnli.engine.runner import CPU_POLICY, score_unique
 from fastnli.engine.tokenize import PairTokenizer
+from fastnli.exporter.precision import needs_calibration, to_fp16, to_int8
+from fastnli.exporter.probe import probe_pairs
 
 logger = logging.getLogger("fastnli")
 
@@ -171,7 +171,7 @@ def export(
             other two are derived from it).
         opset: ONNX opset (default: optimum's choice for the architecture).
         validate: score the probe set with PyTorch fp32 and every graph and record the agreement (default True).
-        int8_recipe: overrides :data:`fastnli.engine.precision.INT8_RECIPE` (e.g. ``op_types`` with ``"Gather"`` to
+        int8_recipe: overrides :data:`fastnli.exporter.precision.INT8_RECIPE` (e.g. ``op_types`` with ``"Gather"`` to
             quantize the embedding tables too, as the embedded default model does to fit its size budget).
         calibration_pairs: (premise, hypothesis) pairs the INT8 recipes that calibrate (``"outliers"``,
             ``"method": "static"``) measure activations on (default: the built-in probe set); unused by the others.

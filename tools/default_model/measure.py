@@ -1,9 +1,9 @@
 """Re-measure the shipped default model on this CPU and record the run in its quality.json and model card.
 
-    python tools/measure_default_model.py [--model fastnli/models/default] [--data ../shared/nli-data]
+    python -m tools.default_model.measure [--model fastnli/models/default] [--data ../shared/nli-data]
 
 The shipped INT8 graph's speed (and, on CPUs without VNNI, what ORT's saturating U8S8 kernels do to its labels)
-depends on the CPU; ``tools/ship_default_model.py`` measures the CPU it ships on. This tool adds a run for the CPU
+depends on the CPU; ``tools/default_model/ship.py`` measures the CPU it ships on. This tool adds a run for the CPU
 it runs on (replacing an earlier run of the same CPU and kernels): INT8 accuracy on the full snli/dev and
 lingnli/val, agreement with the shipped fp32 argmax on the CI gate slices, and snli/dev pairs/s, tokenization
 included. It re-renders ``MODEL_CARD.md`` from ``quality.json``; the graph and the other figures are unchanged.
@@ -16,7 +16,10 @@ import json
 import logging
 from pathlib import Path
 
-from ship_default_model import (  # tools/ is on sys.path when this script runs
+from fastnli.engine import NLIEngine
+from fastnli.engine.manifest import MANIFEST_NAME
+from tools.default_model.ship import (
+    QUALITY,
     REPO,
     cpu_run,
     load_splits,
@@ -24,9 +27,6 @@ from ship_default_model import (  # tools/ is on sys.path when this script runs
     merge_cpu_run,
     model_card,
 )
-
-from fastnli.engine import NLIEngine
-from fastnli.engine.manifest import MANIFEST_NAME
 
 SPLITS = ("snli/dev", "lingnli/val")
 #: An INT8 accuracy this far from the shipped figure means other INT8 arithmetic than at ship time.
@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=REPO / "fastnli" / "models" / "default",
                     help="the shipped model directory (default: the package's)")
+    ap.add_argument("--quality", type=Path, default=QUALITY, help="the model's quality records (default: %(default)s)")
     ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "nli-data")
     ap.add_argument("--limit", type=int, default=None,
                     help="score only the first N rows of each split (a quick check; recorded in the run)")
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     logger.setLevel(logging.INFO)
 
-    quality_path = args.model / "quality.json"
+    quality_path: Path = args.quality
     quality = json.loads(quality_path.read_text())
     splits = {split: rows[: args.limit] for split, rows in load_splits(args.data, SPLITS).items()}
     engine = NLIEngine(args.model, device="cpu", precision="int8")

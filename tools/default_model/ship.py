@@ -1,11 +1,12 @@
 """Export the trained default NLI model, measure it, and place it inside the package as the offline default.
 
-    python tools/ship_default_model.py --checkpoint /tmp/default-nli [--data ../shared/nli-data]
+    python -m tools.default_model.ship --checkpoint /tmp/default-nli [--data ../shared/nli-data]
 
 Steps: fastnli export (fp32 + INT8, validated against PyTorch on the probe set) → accuracy of both graphs on the full
 snli/dev and lingnli/val through the engine, INT8-vs-fp32 agreement, throughput at SNLI lengths (tokenization
-included) → copy the INT8 graph, tokenizer and manifest to ``fastnli/models/default/`` with ``quality.json`` (the
-figures and the fixed slice the CI quality gate re-checks) and ``MODEL_CARD.md``.
+included) → copy the INT8 graph, tokenizer, manifest and ``MODEL_CARD.md`` to ``fastnli/models/default/``, and write
+``tools/default_model/quality.json`` (the figures and the fixed slice the CI quality gate re-checks; it stays out of
+the wheel).
 """
 
 from __future__ import annotations
@@ -22,22 +23,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from train_default_model import selection_text, teacher_lineage  # tools/ is on sys.path when this script runs
 
-from fastnli.engine import NLIEngine, export
+from fastnli.engine import NLIEngine
 from fastnli.engine.manifest import MANIFEST_NAME, read_manifest
-from fastnli.engine.precision import INT8_RECIPE, INT8_RECIPES
 from fastnli.engine.session import SessionConfig, cpu_model_name, int8_isa, u8s8_saturates
+from fastnli.exporter import export
+from fastnli.exporter.precision import INT8_RECIPE, INT8_RECIPES
+from tools.default_model.train import selection_text, teacher_lineage
 
 logger = logging.getLogger("fastnli")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
+#: The shipped model's quality records: beside the tools, out of the wheel.
+QUALITY = Path(__file__).resolve().with_name("quality.json")
 LABELS = ["contradiction", "neutral", "entailment"]
 #: With the embedding tables in fp32 the INT8 graph is ~58 MB, over the 50 MB budget for the repository and the
 #: wheel. Measured on the first trained model: 8-bit tables (``op_types`` + ``"Gather"``, 24 MB) agreed with fp32 on
 #: 98.06% of snli/dev; fp16 tables keep more of the fp32 model (see quality.json).
 #: Blockwise (the default since the second release): every weight MatMul 8-bit blockwise, so that a pair scores the
 #: same in any batch, and INT8 agrees with fp32 on 99.5% of snli/dev instead of 97.8% (see
-#: ``fastnli.engine.precision.INT8_RECIPES`` for the measured trade-off).
+#: ``fastnli.exporter.precision.INT8_RECIPES`` for the measured trade-off).
 #: Static (the default since the third release): the FFN's activation outliers in fp32 branches and every activation
 #: range fixed at export, so scores stay batch-invariant at 1.6x the blockwise speed. Since the fourth: the outlier
 #: channels split into dithered copies, biases folded into the int8 MatMuls, the residual stream left fp32.
@@ -51,7 +55,7 @@ RECIPES: dict[str, dict[str, Any]] = {
 }
 GATE_STEP = {"snli/dev": 10, "lingnli/val": 8}  # the CI gate slice: every n-th row of the split
 ORDER_ROWS = 4000  # snli/dev pairs scored forwards and reversed for the order-invariance figure
-SHIPPED_SOURCE = "fastnli default model (all-MiniLM-L6-v2 fine-tuned by tools/train_default_model.py; MODEL_CARD.md)"
+SHIPPED_SOURCE = "fastnli default model (all-MiniLM-L6-v2 fine-tuned by tools/default_model/train.py; MODEL_CARD.md)"
 CALIBRATION_PAIRS = 512  # licensed training pairs (numpy default_rng(0)) the calibrating INT8 recipes measure on
 
 
@@ -153,7 +157,7 @@ def merge_cpu_run(runs: list[dict[str, Any]], run: dict[str, Any]) -> list[dict[
 
 def dynamic_twin(art: Path, where: Path, recipe: dict[str, Any]) -> NLIEngine:
     """An engine over a copy of the artifact whose INT8 graph is plain dynamic INT8 (for the comparison)."""
-    from fastnli.engine.precision import to_int8
+    from fastnli.exporter.precision import to_int8
 
     shutil.copytree(art, where)
     to_int8(art / "model_fp32.onnx", where / "model_int8.onnx", recipe)
@@ -314,7 +318,7 @@ CC BY 4.0; MultiNLI dev (OANC-derived, free; some genres CC BY-SA 3.0 / CC BY 3.
 snli/dev; lingnli/val is reported as MNLI-style text the model never trained on (73% of its premises also occur in
 mnli/dev_matched, so `lingnli/val[unseen-premise]` is given too).
 
-## Recipe (`tools/train_default_model.py`, seed {a["seed"]})
+## Recipe (`tools/default_model/train.py`, seed {a["seed"]})
 {invocations_text(t)}
 
 {json.dumps(t["recipe"], indent=1)}
@@ -340,8 +344,8 @@ fp32 max |Δp| {pv["fp32"]["max_abs_dprob"]:.2e}; INT8 max |Δp| {pv["int8"]["ma
 
 ## Speed by CPU
 snli/dev (9,840 pairs) through the engine, tokenization and scheduling included, the engine's default CPU streams,
-best of 2 runs. Written by `tools/ship_default_model.py` (with the fp32 and plain dynamic INT8 graphs) and by
-`tools/measure_default_model.py`, which re-measures the shipped graph on another CPU. INT8 speed depends on the
+best of 2 runs. Written by `tools/default_model/ship.py` (with the fp32 and plain dynamic INT8 graphs) and by
+`tools/default_model/measure.py`, which re-measures the shipped graph on another CPU. INT8 speed depends on the
 instruction set far more than on the clock.
 
 {speed_table(q)}
@@ -357,7 +361,7 @@ instruction set far more than on the clock.
   ({saturating_text(q)}). Exact, it gives the figures above on any x86-64 CPU, about 1.2x slower than the
   saturating kernels.
 - The CI quality gate (`tests/test_default_model.py`) re-checks accuracy on a fixed slice of snli/dev and
-  lingnli/val and INT8-vs-fp32 agreement against the figures in `quality.json`.
+  lingnli/val and INT8-vs-fp32 agreement against the figures in `tools/default_model/quality.json`.
 """
 
 
@@ -366,6 +370,7 @@ def main() -> None:
     ap.add_argument("--checkpoint", required=True, type=Path)
     ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "nli-data")
     ap.add_argument("--out", type=Path, default=REPO / "fastnli" / "models" / "default")
+    ap.add_argument("--quality", type=Path, default=QUALITY, help="where the quality records go (default: %(default)s)")
     ap.add_argument("--recipe", choices=sorted(RECIPES), default="static-fp16-embeddings", help="INT8 recipe")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
@@ -431,7 +436,7 @@ def main() -> None:
     a = training["args"]  # logs of earlier tool versions described slice selection whatever --select-on said
     training["recipe"]["selection"] = selection_text(a["select_on"], a["eval_slice"], a["eval_every"])
     quality["training"] = training
-    (out / "quality.json").write_text(json.dumps(quality, indent=1, sort_keys=True))
+    args.quality.write_text(json.dumps(quality, indent=1, sort_keys=True))
     read_manifest(out)
     (out / "MODEL_CARD.md").write_text(model_card(quality, data))
     size = sum(f.stat().st_size for f in out.iterdir())
