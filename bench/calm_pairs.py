@@ -3,7 +3,7 @@ the time of that single engine pass.
 
 Usage::
 
-    python bench/calm_pairs.py [--model ARTIFACT_OR_CHECKPOINT] [--device cpu] [--precision fp32] \\
+    python -m bench.calm_pairs [--model ARTIFACT_OR_CHECKPOINT] [--device cpu] [--precision fp32] \\
         [--queries 100] [--docs 5] [--k 5] [--repeats 3] [--seed 0]
 
 Without ``--model`` a tiny seeded DeBERTa checkpoint (``fastnli.exporter.checkpoint.build_checkpoint``, the tests' ``art_v1``
@@ -33,10 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fastnli.calm import calm_batch  # noqa: E402
-from fastnli.calm.statements import format_citations  # noqa: E402
+from fastnli.calm import calm_batch
+from fastnli.calm.statements import format_citations
 
 
 def _sentences(seed: int) -> list[str]:

@@ -2,10 +2,10 @@
 
 Usage::
 
-    python bench/ray_scale.py [--model ARTIFACT] [--prompts 8000] [--samples 5] [--batch-rows 256] [--repeats 2] \\
+    python -m bench.ray_scale [--model ARTIFACT] [--prompts 8000] [--samples 5] [--batch-rows 256] [--repeats 2] \\
         [--out bench/results/ray_scale.json]
 
-Default model: the embedded default model (INT8 on CPU). Workload: ``fastnli.benchmark.workloads.short_workload``
+Default model: the embedded default model (INT8 on CPU). Workload: ``bench.workloads.short_workload``
 (seeded short QA answers, 5 samples each), NCP only. Rows: ``fastnli.score`` in this process with ORT on all cores
 (the reference), then ``fastnli.distributed.score_dataset`` with 1 actor x 1 CPU and 2 actors x 1 CPU, each on a
 fresh local Ray cluster of ``nproc`` CPUs. Ray times count the whole run as a user sees it (actor start, engine
@@ -27,10 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fastnli import NLIEngine, score  # noqa: E402
-from fastnli.benchmark.workloads import short_workload  # noqa: E402
+from bench.workloads import short_workload
+from fastnli import NLIEngine, score
 
 
 def main() -> int:

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/scheduler_report.py [--pairs 1000000] [--repeat 3] [--skip-reference]
+    python -m bench.scheduler_report [--pairs 1000000] [--repeat 3] [--skip-reference]
 
 Workload (synthetic, seeded, no tokenizer: tokenization is excluded from the timings): ``--pairs`` directed pairs,
 50% of them duplicates of another pair, built from a pool of ~1,000 response texts (each present as two equal but
@@ -17,18 +17,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fastnli.kernels import reference  # noqa: E402
+from fastnli.kernels import reference
 
 try:
     from fastnli.kernels import _schedule as compiled

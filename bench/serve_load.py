@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/serve_load.py [--model ARTIFACT] [--device auto] [--precision auto] [--clients 4,16,48] \\
+    python -m bench.serve_load [--model ARTIFACT] [--device auto] [--precision auto] [--clients 4,16,48] \\
         [--duration 5] [--max-requests 40000] [--overload 4] [--overload-queue-size 32] [--json out.json]
 
 Without ``--model`` the tiny seeded DeBERTa (``fastnli.exporter.checkpoint.build_checkpoint``, the tests' ``art_v1`` shape) is
@@ -55,8 +55,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 HOST = "127.0.0.1"  # loopback only
 STOP_AFTER_S = 120.0  # hard bound on any server process

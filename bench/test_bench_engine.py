@@ -1,7 +1,7 @@
 """pytest-benchmark: the engine at small sizes (tiny seeded checkpoint), fastnli fp32/INT8 vs plain PyTorch.
 
 Run with ``pytest bench/test_bench_engine.py``; the numbers are for comparison inside one run, never asserted.
-The full side-by-side table (uqlm, deberta-large-shaped) is ``fastnli bench``.
+The full side-by-side table (uqlm, deberta-large-shaped) is ``python -m bench``.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from fastnli.benchmark.run import uqlm_pairs  # noqa: E402
-from fastnli.benchmark.workloads import short_workload  # noqa: E402
-from fastnli.engine import NLIEngine  # noqa: E402
-from fastnli.exporter import export  # noqa: E402
-from fastnli.exporter.checkpoint import build_checkpoint  # noqa: E402
+from bench.run import uqlm_pairs
+from bench.workloads import short_workload
+from fastnli.engine import NLIEngine
+from fastnli.exporter import export
+from fastnli.exporter.checkpoint import build_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_engine_predict(benchmark, tiny: tuple[Path, Path], precision: str) -> N
 
 
 def test_pytorch_peer(benchmark, tiny: tuple[Path, Path]) -> None:  # type: ignore[no-untyped-def]
-    from fastnli.benchmark.peers import TorchPeer
+    from bench.peers import TorchPeer
 
     peer = TorchPeer(tiny[0])
     probs = benchmark(peer.predict, PAIRS)

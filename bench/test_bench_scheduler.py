@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from scheduler_report import (
+
+from bench.scheduler_report import (
     BUDGET_ROWS,
     BUDGET_TOKENS,
     FIFO_CHUNK,
@@ -28,7 +29,6 @@ from scheduler_report import (
     make_pairs,
     make_tokens,
 )
-
 from fastnli.kernels import reference
 
 _schedule = pytest.importorskip("fastnli.kernels._schedule", reason="build it: python setup.py build_ext --inplace")

@@ -5,10 +5,10 @@ pair scheduler (dedup, length packing under a token budget), uqlm-exact NCP scor
 model so that everything works offline.
 """
 
+from fastnli._version import __version__
 from fastnli.engine import BatchPolicy, CallStats, NLIEngine, SessionConfig
 from fastnli.exporter import export
 from fastnli.scorers import ScoreResult, ScoreRow, score
 
-__version__ = "0.1.0"
 __all__ = ["BatchPolicy", "CallStats", "NLIEngine", "ScoreResult", "ScoreRow", "SessionConfig", "export", "score",
            "__version__"]

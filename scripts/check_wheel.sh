@@ -5,6 +5,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf dist && .venv/bin/python -m build -q --outdir dist . >/dev/null
 ls dist/*.whl dist/*.tar.gz
+# The wheel holds fastnli/ only: no benchmarks, synthetic checkpoints, training records, tools or tests.
+.venv/bin/python - dist/*.whl <<'PYEOF'
+import sys
+import zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+banned = ("benchmark", "synthetic", "quality.json", "tools", "bench", "tests")
+found = [n for n in names if any(b in part for part in n.split("/") for b in banned)]
+assert not found, f"the wheel ships equipment that belongs beside the package: {found}"
+assert all(n.startswith(("fastnli/", "fastnli-")) for n in names), [n for n in names if not n.startswith("fastnli")]
+print(f"wheel contents OK: {len(names)} files, all under fastnli/")
+PYEOF
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 .venv/bin/python -m fastnli checkpoint "$tmp/ck" >/dev/null

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check fastnli tests bench
+.venv/bin/ruff check fastnli tests bench tools
 .venv/bin/mypy fastnli
 .venv/bin/python -m pytest -q "$@"
 bash scripts/check_wheel.sh

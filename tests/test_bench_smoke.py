@@ -1,4 +1,4 @@
-"""A quick smoke of `fastnli bench` on the tiny seeded checkpoint (the full run is the bench command itself)."""
+"""A quick smoke of `python -m bench` on the tiny seeded checkpoint (the full run is the bench command itself)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fastnli.benchmark.roofline import deberta_flops
-from fastnli.benchmark.run import ncp_from_pairs, uqlm_pairs
-from fastnli.benchmark.workloads import long_workload, short_workload
+from bench.roofline import deberta_flops
+from bench.run import ncp_from_pairs, uqlm_pairs
+from bench.workloads import long_workload, short_workload
 
 
 def test_workloads_are_seeded_and_duplicated() -> None:
@@ -45,10 +45,10 @@ def test_flop_count_of_deberta_large() -> None:
 
 @pytest.mark.uqlm
 def test_bench_quick_writes_table_json_and_plots(ckpt_v1: Path, art_v1: Path, tmp_path: Path) -> None:
-    from fastnli.cli import main
+    from bench.__main__ import main
 
     out = tmp_path / "bench"
-    assert main(["bench", "--quick", "--checkpoint", str(ckpt_v1), "--artifact", str(art_v1), "--out",
+    assert main(["--quick", "--checkpoint", str(ckpt_v1), "--artifact", str(art_v1), "--out",
                  str(out)]) == 0
     report = json.loads((out / "bench.json").read_text())
     backends = {(r["workload"], r["backend"]) for r in report["rows"]}

@@ -17,7 +17,7 @@ import pytest
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 
-from fastnli.benchmark.workloads import short_workload  # noqa: E402
+from bench.workloads import short_workload  # noqa: E402
 from fastnli.distributed import score_dataset, share_artifact, write_scores  # noqa: E402
 from fastnli.engine import NLIEngine, read_manifest  # noqa: E402
 from fastnli.engine.batches import BatchPolicy  # noqa: E402

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fastnli.cli.score import read_score_input
 from fastnli.engine import CallStats, NLIEngine
 from fastnli.scorers import score
-from fastnli.scorers.cli import read_score_input
 
 
 class TableEngine:

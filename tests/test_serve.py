@@ -449,7 +449,7 @@ def test_engine_failure_answers_500(engine: NLIEngine) -> None:
 # -- config -------------------------------------------------------------------------------------------------------
 def test_config_env_flags_and_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     from fastnli.cli import build_parser
-    from fastnli.serve.cli import config_from_args
+    from fastnli.cli.serve import config_from_args
 
     monkeypatch.setenv("FASTNLI_MAX_WAIT_MS", "7.5")
     monkeypatch.setenv("FASTNLI_QUEUE_SIZE", "9")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import RAGGED_PAIRS, torch_probs, uqlm_qa_workload
 
-from fastnli.benchmark.uqlm_peer import (
+from bench.uqlm_peer import (
     CONSISTENCY_SCORERS,
     SUPPORTED_SCORERS,
     UqlmResult,
@@ -134,7 +134,7 @@ def test_long_texts_are_cut_as_uqlm_cuts_them(engine: NLIEngine, caplog: pytest.
 
 
 def test_staging_copies_sources_only_and_keeps_build_products(tmp_path: Path) -> None:
-    from fastnli.benchmark import uqlm_peer
+    from bench import uqlm_peer
 
     src = tmp_path / "src"
     (src / "fastnli" / "kernels" / "__pycache__").mkdir(parents=True)
@@ -163,7 +163,7 @@ def test_staging_copies_sources_only_and_keeps_build_products(tmp_path: Path) ->
 
 
 def test_never_two_onnxruntimes(tmp_path: Path) -> None:
-    from fastnli.benchmark import uqlm_peer
+    from bench import uqlm_peer
 
     site = tmp_path / "lib" / "python3.11" / "site-packages"
     site.mkdir(parents=True)

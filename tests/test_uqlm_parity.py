@@ -1,6 +1,6 @@
 """Parity: fastnli's ``score`` against uqlm 0.6.7 itself, on the same seeded checkpoint, every NLI scorer.
 
-uqlm runs in its own venv (:func:`fastnli.benchmark.uqlm_peer.run_uqlm`: ``BlackBoxUQ`` on PyTorch, CPU);
+uqlm runs in its own venv (:func:`bench.uqlm_peer.run_uqlm`: ``BlackBoxUQ`` on PyTorch, CPU);
 fastnli scores the same workload with its fp32 ONNX export of the same checkpoint. Scores must agree within 1e-4
 (the two runtimes differ by float rounding only), and with ``use_best=True`` fastnli must pick the response uqlm
 swaps in. The first run builds ``.venv-uqlm`` (about a minute, needs the package registry).
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import uqlm_qa_workload
 
-from fastnli.benchmark.uqlm_peer import SUPPORTED_SCORERS, UqlmResult, ensure_uqlm_env, run_uqlm
+from bench.uqlm_peer import SUPPORTED_SCORERS, UqlmResult, ensure_uqlm_env, run_uqlm
 from fastnli.engine import NLIEngine
 from fastnli.scorers import ScoreResult, score
 

@@ -1,4 +1,4 @@
-"""Smoke test: uqlm itself runs in its own venv on a tiny seeded checkpoint (fastnli.benchmark.uqlm_peer).
+"""Smoke test: uqlm itself runs in its own venv on a tiny seeded checkpoint (bench.uqlm_peer).
 
 The first run builds ``.venv-uqlm`` (about a minute, needs the package registry); later runs reuse it.
 """
@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from fastnli.benchmark.uqlm_peer import SUPPORTED_SCORERS, UqlmResult, ensure_uqlm_env, run_uqlm  # noqa: E402
+from bench.uqlm_peer import SUPPORTED_SCORERS, UqlmResult, ensure_uqlm_env, run_uqlm  # noqa: E402
 
 pytestmark = pytest.mark.uqlm
 

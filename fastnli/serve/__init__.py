@@ -6,7 +6,8 @@ compatible), ``GET /health``, ``/ready``, ``/info``, ``/metrics`` (Prometheus), 
 
 Modules: :mod:`~fastnli.serve.config` (settings), :mod:`~fastnli.serve.batcher` (bounded queue + engine thread),
 :mod:`~fastnli.serve.app` (Starlette endpoints), :mod:`~fastnli.serve.metrics` (Prometheus text),
-:mod:`~fastnli.serve.server` (uvicorn, foreground or background thread), :mod:`~fastnli.serve.cli`.
+:mod:`~fastnli.serve.server` (uvicorn, foreground or background thread); the command line is
+:mod:`fastnli.cli.serve`.
 """
 
 from __future__ import annotations

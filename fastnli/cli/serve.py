@@ -2,7 +2,7 @@
 
 Every :class:`~fastnli.serve.config.ServeConfig` field has a flag (``--max-wait-ms`` for ``max_wait_ms``); a flag left
 out keeps the ``FASTNLI_*`` environment value or the default. Importing this module needs neither starlette nor
-uvicorn (the ``fastnli`` CLI imports it to register the subcommand).
+uvicorn (the ``fastnli`` CLI imports it to add the subcommand).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from fastnli.cli import add_engine_arguments, engine_from_args, register
+from fastnli.cli.common import add_engine_arguments, engine_from_args
 from fastnli.serve.config import ENV_VARS, ServeConfig
 
 logger = logging.getLogger("fastnli")
@@ -66,5 +66,9 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-register("serve", "HTTP service: /v1/nli, /v1/ncp, /v1/calm/check, TEI /predict, with dynamic batching",
-         _add_arguments, _run)
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``fastnli serve`` to the subcommands."""
+    p = sub.add_parser("serve", help="HTTP service: /v1/nli, /v1/ncp, /v1/calm/check, TEI /predict, with dynamic "
+                       "batching")
+    _add_arguments(p)
+    p.set_defaults(func=_run)

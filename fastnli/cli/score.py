@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fastnli.cli import add_engine_arguments, engine_from_args, read_jsonl, register, write_jsonl
+from fastnli.cli.common import add_engine_arguments, engine_from_args, read_jsonl, write_jsonl
 from fastnli.engine import CPU_POLICY, CUDA_POLICY
 from fastnli.scorers.api import SCORERS, score
 from fastnli.scorers.records import check_record
@@ -147,5 +147,8 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-register("score", "NCP and sibling scorers for a JSONL/CSV file of responses and sampled responses",
-         _add_arguments, _run)
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``fastnli score`` to the subcommands."""
+    p = sub.add_parser("score", help="NCP and sibling scorers for a JSONL/CSV file of responses and sampled responses")
+    _add_arguments(p)
+    p.set_defaults(func=_run)

@@ -1,7 +1,7 @@
 """Run uqlm's ``BlackBoxUQ.score`` on pre-generated responses: JSON in, JSON out.
 
 This is a standalone script executed with the python of uqlm's own virtual environment (see
-:func:`fastnli.benchmark.uqlm_peer.ensure_uqlm_env`). It imports ``fastnli`` only with ``"nli": "fastnli"``, which
+:func:`bench.uqlm_peer.ensure_uqlm_env`). It imports ``fastnli`` only with ``"nli": "fastnli"``, which
 needs fastnli installed in that venv (``ensure_uqlm_env(with_fastnli=True)``).
 
 Usage::

@@ -182,7 +182,7 @@ def default_uqlm_venv() -> Path:
     env = os.environ.get(VENV_ENV_VAR)
     if env:
         return Path(env).expanduser()
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     if (root / "pyproject.toml").is_file() and (root / "fastnli" / "__init__.py").is_file():
         return root / ".venv-uqlm"
     return Path.cwd() / ".venv-uqlm"
@@ -392,7 +392,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 def _fastnli_source_root(source: str | Path | None) -> Path:
     """The fastnli source tree to install: ``source``, else the checkout this module lives in."""
-    root = Path(source).expanduser().absolute() if source is not None else Path(__file__).resolve().parents[2]
+    root = Path(source).expanduser().absolute() if source is not None else Path(__file__).resolve().parents[1]
     if not ((root / "setup.py").is_file() and (root / "pyproject.toml").is_file() and (root / "fastnli").is_dir()):
         raise FileNotFoundError(
             f"with_fastnli=True needs a fastnli source tree (setup.py, pyproject.toml, fastnli/); {root} is not one; "

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from fastnli.cli import add_engine_arguments, engine_from_args, read_jsonl, register, write_jsonl
+from fastnli.cli.common import add_engine_arguments, engine_from_args, read_jsonl, write_jsonl
 
 logger = logging.getLogger("fastnli")
 
@@ -171,7 +171,12 @@ def _run_alce(args: argparse.Namespace) -> int:
     return 0
 
 
-register("calm", "CaLM: verify grounded answers of a large LM with a small LM and NLI (JSONL of queries + documents)",
-         _add_calm_arguments, _run_calm)
-register("alce", "ALCE citation recall and precision of a JSONL file of {answer, documents}",
-         _add_alce_arguments, _run_alce)
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``fastnli calm`` and ``fastnli alce`` to the subcommands."""
+    p = sub.add_parser("calm", help="CaLM: verify grounded answers of a large LM with a small LM and NLI (JSONL of "
+                       "queries + documents)")
+    _add_calm_arguments(p)
+    p.set_defaults(func=_run_calm)
+    p = sub.add_parser("alce", help="ALCE citation recall and precision of a JSONL file of {answer, documents}")
+    _add_alce_arguments(p)
+    p.set_defaults(func=_run_alce)

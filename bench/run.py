@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from fastnli.benchmark.roofline import deberta_flops
-from fastnli.benchmark.workloads import Workload
+from bench.roofline import deberta_flops
+from bench.workloads import Workload
 from fastnli.engine import NLIEngine, ResultCache
 from fastnli.scorers import formulas, score
 
@@ -138,14 +138,14 @@ def run_workload(
     uqlm_ncp: list[float] | None = None
     torch_probs: np.ndarray | None = None
     if "uqlm" in backends:
-        from fastnli.benchmark.uqlm_peer import run_uqlm
+        from bench.uqlm_peer import run_uqlm
 
         status(f"{w.name}: uqlm BlackBoxUQ(noncontradiction), its own venv")
         res = run_uqlm(checkpoint, w.responses, w.sampled_responses, scorers=("noncontradiction",))
         uqlm_s = res.seconds
         uqlm_ncp = [float(x) for x in res.scores["noncontradiction"]]
     if "torch" in backends:
-        from fastnli.benchmark.peers import TorchPeer
+        from bench.peers import TorchPeer
 
         status(f"{w.name}: PyTorch fp32, batches of 32 in input order")
         peer = TorchPeer(checkpoint)

@@ -1,4 +1,4 @@
-"""``fastnli bench``: the side-by-side table (uqlm, PyTorch, fastnli fp32/INT8) and PNG plots in one run.
+"""``python -m bench``: the side-by-side table (uqlm, PyTorch, fastnli fp32/INT8) and PNG plots in one run.
 
 Builds the seeded deberta-large-mnli-shaped checkpoint (or ``--size base/tiny``) and its export into the cache on
 first use, measures this machine's GEMM peaks, runs the short and long NCP workloads on every backend, sweeps the
@@ -10,12 +10,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-
-from fastnli.cli import _console, register
+from typing import Any
 
 logger = logging.getLogger("fastnli")
+
+
+def _console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr)
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -79,10 +86,10 @@ def latency_sweep(artifact: Path, precision: str, lengths: list[int]) -> list[tu
 def _run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from fastnli.benchmark import plots
-    from fastnli.benchmark.roofline import gemm_peaks
-    from fastnli.benchmark.run import BenchReport, machine_info, run_workload, uqlm_pairs
-    from fastnli.benchmark.workloads import long_workload, mixed_workload, short_workload
+    from bench import plots
+    from bench.roofline import gemm_peaks
+    from bench.run import BenchReport, machine_info, run_workload, uqlm_pairs
+    from bench.workloads import long_workload, mixed_workload, short_workload
     from fastnli.engine import resolve_artifact
 
     t_start = time.perf_counter()
@@ -130,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
                                 [r.effective_gflops for r in labeled], out / "roofline.png")
     (out / "bench.json").write_text(report.to_json())
     (out / "bench.md").write_text(report.to_markdown())
-    table = Table(title=f"fastnli bench — {ck.name} ({time.perf_counter() - t_start:.0f} s)")
+    table = Table(title=f"python -m bench — {ck.name} ({time.perf_counter() - t_start:.0f} s)")
     cols = ["workload", "backend", "seconds", "pairs", "pairs/s", "tokens/s", "× uqlm", "pad eff", "dedup",
             "max|ΔNCP|", "argmax agr", "roofline"]
     for c in cols:
@@ -150,4 +157,21 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-register("bench", "benchmark NCP side by side with uqlm and PyTorch; table + PNG plots", _add_arguments, _run)
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench [options]``; returns the exit status."""
+    from rich.logging import RichHandler
+
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    _add_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s",
+                        handlers=[RichHandler(show_path=False, console=_console(stderr=True))])
+    logger.setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    for noisy in ("transformers", "optimum", "torch", "huggingface_hub"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    return _run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

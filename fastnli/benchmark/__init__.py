@@ -1,1 +1,0 @@
-"""Benchmarks and parity checks of fastnli against reference implementations (uqlm)."""

@@ -1,0 +1,71 @@
+"""``fastnli export`` (a HF checkpoint to an ONNX artifact) and ``fastnli checkpoint`` (a seeded random checkpoint).
+
+Both are build time and need the export extra: ``pip install 'fastnli[export]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from fastnli.cli.common import console
+
+
+def print_manifest(manifest: Any) -> None:
+    """An artifact's precisions with their validation figures, as a table."""
+    from rich.table import Table
+
+    table = Table(title=f"export of {manifest.source}")
+    for col in ("precision", "file", "MB", "max |Δprob| vs torch", "argmax agreement", "probe s"):
+        table.add_column(col)
+    for name, e in manifest.precisions.items():
+        v = e.validation
+        table.add_row(name, e.file, f"{e.bytes / 1e6:.1f}", f"{v.max_abs_dprob:.2e}" if v else "-",
+                      f"{v.argmax_agreement:.4f}" if v else "-", f"{v.seconds:.2f}" if v else "-")
+    console().print(table)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from fastnli.exporter import export
+    from fastnli.exporter.precision import INT8_RECIPES
+
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    manifest = export(args.model, args.out, precisions=precisions, opset=args.opset, validate=not args.no_validate,
+                      int8_recipe=INT8_RECIPES[args.int8_recipe])
+    print_manifest(manifest)
+    console().print(f"artifact: {Path(args.out).resolve()}")
+    return 0
+
+
+def _cmd_checkpoint(args: argparse.Namespace) -> int:
+    from fastnli.exporter.checkpoint import build_checkpoint
+
+    path = build_checkpoint(args.out, arch=args.arch, size=args.size, seed=args.seed, label_order=args.label_order)
+    console().print(f"seeded {args.arch}/{args.size} checkpoint written to {path}")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``fastnli export`` and ``fastnli checkpoint`` to the subcommands."""
+    p = sub.add_parser("export", help="export a HF NLI checkpoint to an ONNX artifact (fp32/fp16/int8)")
+    p.add_argument("model", help="HF hub id or local checkpoint directory")
+    p.add_argument("--out", required=True, help="artifact directory (written atomically)")
+    p.add_argument("--precisions", default="fp32,fp16,int8", help="comma-separated (default: fp32,fp16,int8)")
+    p.add_argument("--opset", type=int, default=None, help="ONNX opset (default: optimum's choice)")
+    p.add_argument("--no-validate", action="store_true", help="skip validation against PyTorch on the probe set")
+    p.add_argument("--int8-recipe", default="dynamic",
+                   choices=["dynamic", "outlier-split", "static", "ffn-blockwise", "blockwise"],
+                   help="dynamic (default: fastest), outlier-split (dynamic, FFN activation outliers in fp32 "
+                   "branches: closer to fp32), static (outlier split + activation ranges fixed at export: scores "
+                   "independent of the batch, calibrated on the probe set), ffn-blockwise (FFN MatMuls as 8-bit "
+                   "blockwise MatMulNBits) or blockwise (every MatMul: scores independent of the batch, slowest)")
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("checkpoint", help="build a seeded random DeBERTa (or BERT) checkpoint locally (no hub)")
+    p.add_argument("out")
+    p.add_argument("--arch", default="deberta", choices=["deberta", "deberta-v2", "bert"])
+    p.add_argument("--size", default="tiny", choices=["tiny", "base", "large"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--label-order", default="cne", choices=["cne", "cen", "enc"])
+    p.set_defaults(func=_cmd_checkpoint)
