@@ -93,3 +93,27 @@ def test_nli_sanity_on_clear_pairs(engine: NLIEngine) -> None:
         ("A man is playing a guitar on stage.", "Nobody is playing music."),
     ])
     assert probs[0].argmax() == 2 and probs[1].argmax() == 0
+
+
+def test_calls_without_an_engine_share_one_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastnli.calm import alce_citations
+    from fastnli.engine import default_engine
+    from fastnli.engine import engine as engine_module
+    from fastnli.scorers import score
+
+    monkeypatch.setattr(engine_module, "_DEFAULT_ENGINES", {})
+    loads = []
+    real = NLIEngine.from_pretrained.__func__  # type: ignore[attr-defined]
+
+    def counting(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+        loads.append(args)
+        return real(cls, *args, **kwargs)
+
+    monkeypatch.setattr(NLIEngine, "from_pretrained", classmethod(counting))
+    first = default_engine()
+    assert default_engine() is first and default_engine(None, "auto", "auto") is first
+    score(["Paris is in France."], [["Paris is in France.", "Paris is in Spain."]])
+    score(["A dog runs."], [["A cat sleeps."]])
+    alce_citations(["Paris is in France [1]."], [["Paris is the capital of France."]])
+    assert len(loads) == 1
+    assert default_engine(precision="int8") is not first and len(loads) == 2  # other settings, another engine

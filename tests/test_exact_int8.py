@@ -156,6 +156,6 @@ def test_exact_int8_setting_and_environment(monkeypatch: pytest.MonkeyPatch) -> 
     assert exact_int8_wanted(SessionConfig()) is False
     assert exact_int8_wanted(SessionConfig(exact_int8=True)) is True  # the explicit setting wins
     monkeypatch.setenv("FASTNLI_EXACT_INT8", "sometimes")
-    with pytest.raises(ValueError, match=r"^FASTNLI_EXACT_INT8='sometimes': use 1 \(on\), 0 \(off\) or leave it "
-                                         r"unset \(auto\)$"):
+    with pytest.raises(ValueError, match=r"^FASTNLI_EXACT_INT8='sometimes' is not a switch; set it to 1 \(on\) or 0 "
+                                         r"\(off\), or unset it \(auto\)$"):
         exact_int8_wanted(SessionConfig())

@@ -463,8 +463,8 @@ def test_config_env_flags_and_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (cfg.max_wait_ms, cfg.max_pass_pairs, cfg.queue_size) == (0.0, 1, 9)
     assert args.max_batch_tokens == 512  # the engine's own flag is untouched
     monkeypatch.setenv("FASTNLI_PORT", "http")
-    with pytest.raises(ValueError, match=re.escape("FASTNLI_PORT='http' is not a valid int (it sets "
-                                                   "ServeConfig.port)")):
+    with pytest.raises(ValueError, match=re.escape("FASTNLI_PORT='http' is not an integer (it sets ServeConfig.port); "
+                                                   "set it to a whole number such as 8080, or unset it")):
         ServeConfig()
     monkeypatch.delenv("FASTNLI_PORT")
     with pytest.raises(ValueError, match=re.escape("queue_size=0 must be > 0 (set by --queue-size or "

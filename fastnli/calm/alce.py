@@ -68,7 +68,7 @@ def alce_citations(answers: Sequence[str], documents: Sequence[Sequence[Any]], e
     Args:
         answers: answers with ALCE citation markers (``[1][2]``).
         documents: per answer, the documents its citations number from 1 (strings or ``{"title", "text"}`` dicts).
-        engine: the NLI engine (default None: ``NLIEngine.from_pretrained()``).
+        engine: the NLI engine (default None: :func:`~fastnli.engine.default_engine`, the embedded default model).
         config: the entailment rule (default :class:`CheckConfig()`: ``P(entailment) > 0.5``).
 
     Raises:
@@ -88,9 +88,9 @@ def alce_citations(answers: Sequence[str], documents: Sequence[Sequence[Any]], e
             raise TypeError(f"answers[{i}] must be str; got {type(a).__name__}")
         inputs.append(AnswerInput(answer=a, documents=as_documents(docs, f"documents[{i}]")))
     if engine is None:
-        from fastnli.engine import NLIEngine
+        from fastnli.engine import default_engine
 
-        engine = NLIEngine.from_pretrained()
+        engine = default_engine()
     cfg = config or CheckConfig()
     if not cfg.check_citations:
         raise ValueError("config.check_citations is False; ALCE needs citation checks")

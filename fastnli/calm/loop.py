@@ -153,7 +153,7 @@ def calm_batch(
         main_lm: the large LM that answers with citations: a callable ``prompt -> str`` (e.g.
             :class:`~fastnli.calm.lm.OpenAIChatLM`), a :class:`~fastnli.calm.lm.BatchedLM`, or a LangChain chat model.
         verifier_lm: the small LM that answers from the cited documents only (same kinds).
-        engine: the NLI engine (default None: ``NLIEngine.from_pretrained()``, the embedded default model).
+        engine: the NLI engine (default None: :func:`~fastnli.engine.default_engine`, the embedded default model).
         k: documents per batch: the first answer sees the pool's first ``k``; each refinement the next ``k``
             (default 3).
         max_iterations: T, the most answers per query (default 3).
@@ -202,9 +202,9 @@ def calm_batch(
         for q, docs in zip(states, docs_all):
             q.pool = as_documents(docs, f"documents[{q.index}]")
     if engine is None:
-        from fastnli.engine import NLIEngine
+        from fastnli.engine import default_engine
 
-        engine = NLIEngine.from_pretrained()
+        engine = default_engine()
     if not callable(getattr(engine, "predict_with_stats", None)):
         raise TypeError(f"engine must be an NLIEngine (fastnli.NLIEngine.from_pretrained(...)) or have "
                         f"predict_with_stats(pairs); got {type(engine).__name__}")

@@ -9,6 +9,7 @@ from fastnli.engine.engine import (
     NLIEngine,
     cache_root,
     cpu_auto_precision,
+    default_engine,
     resolve_artifact,
 )
 from fastnli.engine.labels import CANONICAL_LABELS, canonical_columns
@@ -18,6 +19,6 @@ from fastnli.engine.session import SessionConfig
 
 __all__ = [
     "BatchPolicy", "CANONICAL_LABELS", "CPU_POLICY", "CUDA_POLICY", "CallStats", "INT8_MIN_AGREEMENT", "Manifest",
-    "NLIEngine", "ResultCache", "SessionConfig", "cache_root", "canonical_columns", "cpu_auto_precision", "read_manifest",
+    "NLIEngine", "ResultCache", "SessionConfig", "cache_root", "canonical_columns", "cpu_auto_precision", "default_engine", "read_manifest",
     "resolve_artifact",
 ]

@@ -8,7 +8,6 @@ scatter back to input order. Probabilities are always ``(contradiction, neutral,
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +17,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from fastnli._env import env_str
 from fastnli.engine.batches import CPU_POLICY, CUDA_POLICY, BatchPolicy, RunStats, score_unique
 from fastnli.engine.labels import CANONICAL_LABELS
 from fastnli.engine.manifest import PRECISIONS, Manifest, checkpoint_hash, read_manifest
@@ -78,7 +78,7 @@ class CallStats:
 
 def cache_root() -> Path:
     """Where exported artifacts of HF checkpoints are cached: ``$FASTNLI_CACHE`` or ``~/.cache/fastnli``."""
-    return Path(os.environ.get("FASTNLI_CACHE") or Path.home() / ".cache" / "fastnli").expanduser()
+    return Path(env_str("FASTNLI_CACHE") or Path.home() / ".cache" / "fastnli").expanduser()
 
 
 def resolve_artifact(name_or_dir: str | Path, cache_dir: str | Path | None = None) -> Path:
@@ -356,3 +356,33 @@ class NLIEngine:
     def __repr__(self) -> str:
         return (f"NLIEngine(source={self.manifest.source!r}, device={self.device!r}, precision={self.precision!r}, "
                 f"providers={self.providers}, streams={self.streams})")
+
+
+_DEFAULT_ENGINES: dict[tuple[Any, ...], NLIEngine] = {}
+_DEFAULT_ENGINES_LOCK = threading.Lock()
+
+
+def default_engine(
+    model: str | Path | None = None,
+    device: DeviceArg = "auto",
+    precision: PrecisionArg = "auto",
+    batch_policy: BatchPolicy | None = None,
+    session_config: SessionConfig | None = None,
+) -> NLIEngine:
+    """The engine this process shares for these settings: loaded on first use, the same object afterwards.
+
+    ``fastnli.score``, ``fastnli.calm.calm`` / ``calm_batch`` and ``alce_citations`` called without an engine use
+    ``default_engine()`` (the embedded default model), so repeated calls reuse one ONNX Runtime session. The key is
+    ``(model, device, precision, batch_policy, session_config)``, with ``session_config`` made (and the ``FASTNLI_*``
+    environment read) at the call; arguments as :meth:`NLIEngine.from_pretrained`. Changing the returned engine's
+    policy (:meth:`NLIEngine.with_policy`) changes it for every user of the key: build your own engine for that.
+    """
+    config = session_config or SessionConfig()
+    key = (None if model is None else str(model), device, precision, batch_policy, config)
+    with _DEFAULT_ENGINES_LOCK:
+        engine = _DEFAULT_ENGINES.get(key)
+        if engine is None:
+            engine = NLIEngine.from_pretrained(model, device=device, precision=precision, batch_policy=batch_policy,
+                                               session_config=config)
+            _DEFAULT_ENGINES[key] = engine
+        return engine

@@ -11,9 +11,11 @@ import functools
 import logging
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from fastnli._env import env_flag, env_int
 
 logger = logging.getLogger("fastnli")
 
@@ -32,7 +34,7 @@ class SessionConfig:
     """ONNX Runtime settings.
 
     Attributes:
-        intra_op_threads: the CPU threads to use (default 0, or ``FASTNLI_THREADS``). 0: all cores (ORT's one per
+        intra_op_threads: the CPU threads to use (default 0, or ``FASTNLI_THREADS`` when the config is made). 0: all cores (ORT's one per
             physical core; with several streams, the cores divided among them). With auto ``streams`` a positive
             value is the engine's core budget, divided among the streams; with explicit ``streams`` it is the
             threads of each stream.
@@ -40,7 +42,7 @@ class SessionConfig:
         cuda_device_id: GPU ordinal for the CUDA provider (default 0).
         optimization: ORT graph optimisation level: ``"all"`` (default), ``"extended"``, ``"basic"``, ``"none"``.
         streams: CPU sessions of the same graph that run batches concurrently, each with its own threads (default
-            0, or ``FASTNLI_STREAMS``: auto, see :func:`cpu_streams`). CUDA always runs one session.
+            0, or ``FASTNLI_STREAMS`` when the config is made: auto, see :func:`cpu_streams`). CUDA always runs one session.
         cpu_disabled_optimizers: ORT graph rewrites left out of CPU sessions (default
             :data:`CPU_DISABLED_OPTIMIZERS`); CUDA sessions keep them all.
         exact_int8: run INT8 matrix products exactly on x86-64 CPUs without VNNI (default ``None``, or
@@ -53,24 +55,13 @@ class SessionConfig:
             on a VNNI CPU would give up its (already exact) VNNI kernels.
     """
 
-    intra_op_threads: int = int(os.environ.get("FASTNLI_THREADS", "0"))
+    intra_op_threads: int = field(default_factory=lambda: env_int("FASTNLI_THREADS", 0, minimum=0))
     inter_op_threads: int = 1
     cuda_device_id: int = 0
     optimization: str = "all"
-    streams: int = int(os.environ.get("FASTNLI_STREAMS", "0"))
+    streams: int = field(default_factory=lambda: env_int("FASTNLI_STREAMS", 0, minimum=0))
     cpu_disabled_optimizers: tuple[str, ...] = CPU_DISABLED_OPTIMIZERS
     exact_int8: bool | None = None
-
-
-def _env_flag(name: str) -> bool | None:
-    value = os.environ.get(name, "").strip().lower()
-    if value in ("", "auto"):
-        return None
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name}={os.environ[name]!r}: use 1 (on), 0 (off) or leave it unset (auto)")
 
 
 def _cpuinfo(field: str) -> str | None:
@@ -134,7 +125,7 @@ def int8_isa() -> str:
 
 def exact_int8_wanted(config: SessionConfig) -> bool:
     """Whether sessions under ``config`` ask ORT for exact INT8 products (see :attr:`SessionConfig.exact_int8`)."""
-    wanted = config.exact_int8 if config.exact_int8 is not None else _env_flag("FASTNLI_EXACT_INT8")
+    wanted = config.exact_int8 if config.exact_int8 is not None else env_flag("FASTNLI_EXACT_INT8")
     return u8s8_saturates() if wanted is None else wanted
 
 

@@ -22,10 +22,10 @@ Typical use by the engine::
 from __future__ import annotations
 
 import logging
-import os
 from types import ModuleType
 from typing import TYPE_CHECKING, Literal
 
+from fastnli._env import env_choice
 from fastnli.kernels import reference
 from fastnli.kernels.reference import Plan
 
@@ -45,11 +45,7 @@ BUILD_HINT = "build it with `pip install -e .` or `python setup.py build_ext --i
 
 
 def _select() -> tuple[ModuleType, Literal["compiled", "reference"]]:
-    choice = os.environ.get("FASTNLI_KERNELS", "auto").strip().lower() or "auto"
-    if choice not in ("auto", "compiled", "reference"):
-        raise ValueError(
-            f"FASTNLI_KERNELS must be 'auto', 'compiled' or 'reference', got {choice!r}; unset it to use the default"
-        )
+    choice = env_choice("FASTNLI_KERNELS", "auto", ("auto", "compiled", "reference"))
     if choice == "reference":
         return reference, "reference"
     try:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fastnli.engine import CallStats, NLIEngine
+from fastnli.engine import CallStats, NLIEngine, default_engine
 from fastnli.scorers import formulas
 
 SCORERS: tuple[str, ...] = ("noncontradiction", "entailment", "semantic_negentropy", "semantic_sets_confidence")
@@ -277,7 +277,8 @@ def score(
         scorers: any of ``"noncontradiction"`` (NCP), ``"entailment"``, ``"semantic_negentropy"``,
             ``"semantic_sets_confidence"`` (default: NCP only). Formulas are uqlm's
             (:mod:`fastnli.scorers.formulas`).
-        engine: the NLI engine (default: ``NLIEngine.from_pretrained()``, the embedded default model).
+        engine: the NLI engine (default: :func:`~fastnli.engine.default_engine`, the embedded default model,
+            loaded once per process).
         use_best: as uqlm's ``use_best``: when a semantic scorer is requested, swap each response for the lead
             member of its most probable semantic cluster before computing NCP/entailment (default False: score the
             response given).
@@ -292,13 +293,10 @@ def score(
         A :class:`ScoreResult` with one :class:`ScoreRow` per response, in input order.
     """
     t0 = time.perf_counter()
-    scorer_set = _check_scorers(scorers)
-    validate_inputs(responses, sampled_responses)
+    plan = plan_scores(responses, sampled_responses, scorers, use_best, return_matrix, max_length)
     if engine is None:
-        engine = NLIEngine.from_pretrained()
-    _check_max_length(max_length)
-    plan = _build_plan(responses, sampled_responses, scorer_set, use_best, return_matrix, max_length)
+        engine = default_engine()
     probs, stats = engine.predict_with_stats(plan.pairs, progress)  # the one scheduled engine pass
     rows = score_rows(plan, probs)
-    return ScoreResult(rows=rows, scorers=scorer_set, stats=stats, device=engine.device,
+    return ScoreResult(rows=rows, scorers=plan.scorers, stats=stats, device=engine.device,
                        precision=engine.precision, seconds=time.perf_counter() - t0)

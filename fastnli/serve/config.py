@@ -20,9 +20,10 @@ with the tiny seeded DeBERTa (``bench/serve_load.py``) and reasoned for real che
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from fastnli._env import env_float, env_int, env_str
 
 __all__ = ["ENV_VARS", "ServeConfig"]
 
@@ -47,14 +48,12 @@ ENV_VARS: dict[str, str] = {
 
 def _env(name: str, default: Any, kind: type) -> Any:
     """``default`` unless the environment variable of field ``name`` is set (then parsed as ``kind``)."""
-    var = ENV_VARS[name]
-    raw = os.environ.get(var)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return kind(raw.strip())
-    except ValueError:
-        raise ValueError(f"{var}={raw!r} is not a valid {kind.__name__} (it sets ServeConfig.{name})") from None
+    var, sets = ENV_VARS[name], f"ServeConfig.{name}"
+    if kind is int:
+        return env_int(var, default, sets=sets)
+    if kind is float:
+        return env_float(var, default, sets=sets)
+    return env_str(var, default)
 
 
 @dataclass(frozen=True)
