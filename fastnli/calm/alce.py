@@ -15,9 +15,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastnli.calm.checks import AnswerCheck, AnswerInput, CheckConfig, EngineLike, check_answers
+from fastnli.calm.checks import AnswerCheck, AnswerInput, CheckConfig, check_answers
 from fastnli.calm.documents import as_documents
 from fastnli.calm.result import stats_dict
+from fastnli.engine.protocol import EngineLike
 
 __all__ = ["AlceResult", "alce_citations"]
 

@@ -2,7 +2,9 @@
 
 :func:`check_answers` plans every (premise, hypothesis) pair that the answers need, sends them all through one
 ``engine.predict_with_stats`` call (the engine dedups identical pairs and packs by length), then reads the
-probabilities back by index. Probabilities are ``(contradiction, neutral, entailment)``.
+probabilities back by index. Probabilities are ``(contradiction, neutral, entailment)``. The two halves are public:
+:func:`plan_checks` gives a :class:`CheckPlan` whose ``pairs`` go to any engine (or a service's shared batcher) and
+:func:`finish_checks` reads the checks back from their probabilities.
 
 **Entailment decision** (:class:`CheckConfig`): with ``entailment_rule="threshold"`` (default) a premise entails a
 hypothesis when ``P(entailment) > entailment_threshold`` (default 0.5); with ``"argmax"`` when entailment is the most
@@ -41,32 +43,21 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import numpy as np
 
 from fastnli.calm.documents import Document, pair_overflows, premise_text
 from fastnli.calm.statements import Statement, split_sentences, split_statements, strip_citations
 from fastnli.engine.labels import CONTRADICTION, ENTAILMENT
+from fastnli.engine.protocol import EngineLike
 
-__all__ = ["AnswerCheck", "AnswerInput", "CheckConfig", "EngineLike", "PairPlan", "StatementCheck", "check_answers",
-           "rouge_l"]
+__all__ = ["AnswerCheck", "AnswerInput", "CheckConfig", "CheckPlan", "EngineLike", "PairPlan", "StatementCheck",
+           "check_answers", "finish_checks", "plan_checks", "rouge_l"]
 
 logger = logging.getLogger("fastnli")
 
 DEFAULT_MAX_LENGTH = 512
-
-
-class EngineLike(Protocol):
-    """What the checks need of an engine: :class:`fastnli.NLIEngine` or a stub with the same call."""
-
-    @property
-    def device(self) -> str: ...
-
-    @property
-    def precision(self) -> str: ...
-
-    def predict_with_stats(self, pairs: Sequence[tuple[str, str]]) -> tuple[np.ndarray, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -225,15 +216,19 @@ class PairPlan:
         self.overflow.append(pair_overflows(premise, hypothesis, self.max_length))
         return len(self.pairs) - 1
 
-    def run(self, engine: EngineLike) -> tuple[np.ndarray, Any]:
-        """The one engine call: ``(probabilities (N, 3), the engine's CallStats or None when nothing was planned)``."""
-        if not self.pairs:
-            return np.zeros((0, 3), dtype=np.float32), None
+    def warn_truncation(self) -> None:
+        """Log one warning when some planned pairs are estimated to exceed the model limit."""
         n_over = sum(self.overflow)
         if n_over:
             logger.warning("%d of %d NLI pairs are estimated to exceed the model limit of %d tokens; the engine "
                            "truncates them longest_first (the premise, usually the documents, loses its end) and the "
                            "results flag them as truncated", n_over, len(self.pairs), self.max_length)
+
+    def run(self, engine: EngineLike) -> tuple[np.ndarray, Any]:
+        """The one engine call: ``(probabilities (N, 3), the engine's CallStats or None when nothing was planned)``."""
+        if not self.pairs:
+            return np.zeros((0, 3), dtype=np.float32), None
+        self.warn_truncation()
         probs, stats = engine.predict_with_stats(self.pairs)
         probs = np.asarray(probs, dtype=np.float32)
         if probs.shape != (len(self.pairs), 3):
@@ -384,6 +379,52 @@ def _finish_answer(ap: _AnswerPlan, probs: np.ndarray, overflow: list[bool], con
     return out
 
 
+@dataclass
+class CheckPlan:
+    """The NLI pairs a set of answers needs, and how to read their checks back from the probabilities.
+
+    Made by :func:`plan_checks`; ``pairs`` go to any engine (or a service's shared batcher) and
+    :func:`finish_checks` turns the probabilities, row ``i`` for ``pairs[i]``, into :class:`AnswerCheck` s.
+    """
+
+    pair_plan: PairPlan = field(repr=False)
+    answers: list[_AnswerPlan] = field(repr=False)
+    config: CheckConfig
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        return self.pair_plan.pairs
+
+    @property
+    def max_length(self) -> int:
+        return self.pair_plan.max_length
+
+
+def plan_checks(answers: Sequence[AnswerInput], config: CheckConfig | None = None,
+                max_length: int = DEFAULT_MAX_LENGTH) -> CheckPlan:
+    """Plan the NLI pairs of :func:`check_answers` without running an engine.
+
+    ``finish_checks(plan, engine.predict(plan.pairs))`` gives the checks of ``check_answers(answers, engine,
+    config)``; ``max_length`` is the engine's pair limit in tokens (:func:`engine_max_length`), for the truncation
+    flags.
+    """
+    config = config or CheckConfig()
+    pair_plan = PairPlan(max_length)
+    return CheckPlan(pair_plan, [_plan_answer(pair_plan, a, config) for a in answers], config)
+
+
+def finish_checks(plan: CheckPlan, probs: np.ndarray) -> list[AnswerCheck]:
+    """The checks of ``plan`` from the probabilities ``(len(plan.pairs), 3)`` (contradiction, neutral, entailment).
+
+    Raises:
+        ValueError: when ``probs`` does not have one row per planned pair.
+    """
+    probs = np.asarray(probs, dtype=np.float32)
+    if probs.shape != (len(plan.pairs), 3):
+        raise ValueError(f"probs has shape {probs.shape}; the plan needs ({len(plan.pairs)}, 3), one row per pair")
+    return [_finish_answer(ap, probs, plan.pair_plan.overflow, plan.config, plan.max_length) for ap in plan.answers]
+
+
 def check_answers(answers: Sequence[AnswerInput], engine: EngineLike, config: CheckConfig | None = None
                   ) -> tuple[list[AnswerCheck], Any]:
     """Check many answers with ONE engine pass (see the module docstring for every rule).
@@ -397,9 +438,6 @@ def check_answers(answers: Sequence[AnswerInput], engine: EngineLike, config: Ch
         ``(checks, stats)``: one :class:`AnswerCheck` per answer in input order, and the engine's ``CallStats`` of
         the pass (None when no pair was needed and the engine was not called).
     """
-    config = config or CheckConfig()
-    max_length = engine_max_length(engine)
-    plan = PairPlan(max_length)
-    plans = [_plan_answer(plan, a, config) for a in answers]
-    probs, stats = plan.run(engine)
-    return [_finish_answer(ap, probs, plan.overflow, config, max_length) for ap in plans], stats
+    plan = plan_checks(answers, config, engine_max_length(engine))
+    probs, stats = plan.pair_plan.run(engine)
+    return finish_checks(plan, probs), stats

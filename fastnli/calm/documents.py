@@ -16,12 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fastnli.engine.tokenize import PAIR_SPECIAL_TOKENS
+
 __all__ = ["Document", "DocumentLike", "as_document", "as_documents", "estimate_tokens", "premise_text",
            "pair_overflows"]
-
-#: Special tokens of a pair (``[CLS] premise [SEP] hypothesis [SEP]``).
-_PAIR_SPECIAL_TOKENS = 3
-
 
 @dataclass(frozen=True)
 class Document:
@@ -92,4 +90,4 @@ def estimate_tokens(text: str) -> int:
 
 def pair_overflows(premise: str, hypothesis: str, max_length: int = 512) -> bool:
     """Whether the pair probably exceeds ``max_length`` tokens (special tokens included) and will be truncated."""
-    return estimate_tokens(premise) + estimate_tokens(hypothesis) + _PAIR_SPECIAL_TOKENS > max_length
+    return estimate_tokens(premise) + estimate_tokens(hypothesis) + PAIR_SPECIAL_TOKENS > max_length

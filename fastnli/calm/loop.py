@@ -28,12 +28,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from fastnli.calm.checks import AnswerInput, CheckConfig, EngineLike, check_answers, engine_max_length
+from fastnli.calm.checks import AnswerInput, CheckConfig, check_answers, engine_max_length
 from fastnli.calm.documents import Document, as_documents, estimate_tokens
 from fastnli.calm.lm import LMCaller, LMError, resolve_lm
 from fastnli.calm.prompts import PromptTemplates
 from fastnli.calm.result import CalmBatchResult, CalmResult, IterationTrace, stats_dict
 from fastnli.calm.statements import Statement, format_citations, split_statements
+from fastnli.engine.protocol import EngineLike
 
 __all__ = ["Retriever", "calm", "calm_batch"]
 

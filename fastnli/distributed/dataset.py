@@ -21,7 +21,7 @@ from fastnli.distributed.actor import NLIScorer, output_columns
 from fastnli.distributed.artifact import ShareArg, share_artifact
 from fastnli.engine import BatchPolicy, cpu_auto_precision, read_manifest, resolve_artifact
 from fastnli.engine.engine import PrecisionArg
-from fastnli.scorers.api import UQLM_MAX_LENGTH, _check_max_length, _check_scorers
+from fastnli.scorers.api import UQLM_MAX_LENGTH, check_max_length, check_scorers
 
 logger = logging.getLogger("fastnli")
 
@@ -152,8 +152,8 @@ def score_dataset(
             names the row (its ``id_column`` value, else its place in the batch) and the field.
     """
     ray = import_ray()
-    scorer_set = _check_scorers(scorers)
-    _check_max_length(max_length)
+    scorer_set = check_scorers(scorers)
+    check_max_length(max_length)
     _check_positive("batch_rows", batch_rows)
     _check_positive("num_cpus_per_actor", num_cpus_per_actor)
     _check_positive("num_gpus_per_actor", num_gpus_per_actor, allow_zero=True)

@@ -14,11 +14,12 @@ from fastnli.engine.engine import (
 )
 from fastnli.engine.labels import CANONICAL_LABELS, canonical_columns
 from fastnli.engine.manifest import Manifest, read_manifest
+from fastnli.engine.protocol import EngineLike
 from fastnli.engine.result_cache import ResultCache
 from fastnli.engine.session import SessionConfig
 
 __all__ = [
-    "BatchPolicy", "CANONICAL_LABELS", "CPU_POLICY", "CUDA_POLICY", "CallStats", "INT8_MIN_AGREEMENT", "Manifest",
+    "BatchPolicy", "CANONICAL_LABELS", "CPU_POLICY", "CUDA_POLICY", "CallStats", "EngineLike", "INT8_MIN_AGREEMENT", "Manifest",
     "NLIEngine", "ResultCache", "SessionConfig", "cache_root", "canonical_columns", "cpu_auto_precision", "default_engine", "read_manifest",
     "resolve_artifact",
 ]

@@ -14,6 +14,9 @@ import numpy as np
 
 from fastnli.kernels import flatten_token_lists
 
+#: Special tokens a pair adds to its texts (``[CLS] premise [SEP] hypothesis [SEP]``), for token estimates.
+PAIR_SPECIAL_TOKENS = 3
+
 
 class PairTokenizer:
     """Tokenizes (premise, hypothesis) pairs into flat int64 token arrays.

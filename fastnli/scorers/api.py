@@ -113,7 +113,8 @@ def validate_inputs(responses: Any, sampled_responses: Any) -> None:
                 raise TypeError(f"sampled_responses[{i}][{j}] must be str; got {type(s).__name__}")
 
 
-def _check_scorers(scorers: Sequence[str]) -> tuple[str, ...]:
+def check_scorers(scorers: Sequence[str]) -> tuple[str, ...]:
+    """``scorers`` (one name or several) as a tuple of known scorer names; ValueError names the unknown ones."""
     if isinstance(scorers, str):
         scorers = (scorers,)
     bad = [s for s in scorers if s not in SCORERS]
@@ -182,7 +183,8 @@ class ScorePlan:
     return_matrix: bool = False
 
 
-def _check_max_length(max_length: int | None) -> None:
+def check_max_length(max_length: int | None) -> None:
+    """Raise ValueError unless ``max_length`` is a positive number of characters or None."""
     if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
         raise ValueError(f"max_length must be a positive number of characters or None; got {max_length!r}")
 
@@ -212,9 +214,9 @@ def plan_scores(
     Raises:
         TypeError / ValueError: as :func:`score`, naming the offending index and field.
     """
-    scorer_set = _check_scorers(scorers)
+    scorer_set = check_scorers(scorers)
     validate_inputs(responses, sampled_responses)
-    _check_max_length(max_length)
+    check_max_length(max_length)
     return _build_plan(responses, sampled_responses, scorer_set, use_best, return_matrix, max_length)
 
 

@@ -4,8 +4,9 @@ Every scoring endpoint does the same four steps: read the body under ``max_body_
 field; 422 for shape, 413 for size) → plan its NLI pairs and submit them, as one job, to the shared
 :class:`~fastnli.serve.batcher.DynamicBatcher` → await the job's rows (bounded by ``request_timeout_s``; a client that
 disconnects first has its job dropped if it is not in an engine pass yet) and compute the answer from them with the
-library's own code (:func:`fastnli.scorers.api.score_rows`, :func:`fastnli.calm.checks.check_answers`), so the
-service answers exactly what the library computes.
+library's own code (:func:`fastnli.scorers.api.plan_scores` / :func:`~fastnli.scorers.api.score_rows`,
+:func:`fastnli.calm.checks.plan_checks` / :func:`~fastnli.calm.checks.finish_checks`), so the service answers exactly
+what the library computes. Request validation lives in :mod:`fastnli.serve.payloads`.
 
 Errors use TEI's body form ``{"error": str, "error_type": str}``: 413/422 ``Validation``, 429 ``Overloaded`` (with
 ``Retry-After``), 503 ``Unhealthy`` (model loading or shutting down, with ``Retry-After``), 504 ``Timeout``, 500
@@ -27,8 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, fields
-from types import SimpleNamespace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -38,32 +38,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from fastnli.calm.checks import AnswerInput, CheckConfig, check_answers
-from fastnli.calm.documents import Document, as_document
+from fastnli.calm.checks import CheckPlan, finish_checks, plan_checks
 from fastnli.engine.labels import CANONICAL_LABELS
-from fastnli.scorers.api import SCORERS, ScorePlan, plan_scores, score_rows
-from fastnli.serve.batcher import DynamicBatcher, EngineLike, Overloaded, ShuttingDown
+from fastnli.engine.protocol import EngineLike
+from fastnli.scorers.api import score_rows
+from fastnli.serve.batcher import DynamicBatcher, Overloaded, ShuttingDown
 from fastnli.serve.config import ENV_VARS, ServeConfig
 from fastnli.serve.metrics import CONTENT_TYPE, ServeMetrics
 from fastnli.serve.openapi import openapi_document
-from fastnli.serve.validate import (
-    ApiError,
-    check_pair_count,
-    check_text,
-    parse_pairs,
-    parse_tei_inputs,
-    require_bool,
-    require_list,
-    require_object,
-    require_str,
-)
+from fastnli.serve.payloads import ApiError, calm_item, check_pair_count, ncp_item, parse_pairs, parse_predict
 
 __all__ = ["ServeState", "create_app"]
 
 logger = logging.getLogger("fastnli")
 
 EngineFactory = Callable[[], EngineLike]
-_CHECK_FIELDS = {f.name for f in fields(CheckConfig)}
 
 
 class _ClientGone(Exception):
@@ -232,48 +221,11 @@ async def _nli(state: ServeState, request: Request) -> Response:
                          "precision": getattr(state.engine, "precision", None)})
 
 
-def _where(prefix: str) -> str:
-    """``"request body"`` or ``"request body[i]"`` for the item of a batched body whose field prefix is ``"[i]."``."""
-    return f"request body{prefix[:-1]}" if prefix else "request body"
-
-
-def _ncp_item(item: Any, prefix: str, config: ServeConfig) -> ScorePlan:
-    where = _where(prefix)
-    obj = require_object(item, where)
-    for key in ("response", "sampled_responses"):
-        if key not in obj:
-            raise ApiError(422, f"field '{prefix}{key}' is missing; send {{\"response\": str, "
-                                "\"sampled_responses\": [str, ...]}")
-    response = check_text(require_str(obj["response"], f"field '{prefix}response'"), f"field '{prefix}response'",
-                          config)
-    samples = require_list(obj["sampled_responses"], f"field '{prefix}sampled_responses'", "strings")
-    if not samples:
-        raise ApiError(422, f"field '{prefix}sampled_responses' is empty; give at least one sampled response")
-    for j, s in enumerate(samples):
-        check_text(require_str(s, f"{prefix}sampled_responses[{j}]"), f"{prefix}sampled_responses[{j}]", config)
-    scorers: Any = obj.get("scorers", ["noncontradiction"])
-    if isinstance(scorers, str):
-        scorers = [scorers]
-    scorers = require_list(scorers, f"field '{prefix}scorers'", "scorer names")
-    bad = [s for s in scorers if s not in SCORERS]
-    if bad or not scorers:
-        raise ApiError(422, f"field '{prefix}scorers' has unknown scorers {bad}; choose from {list(SCORERS)}")
-    use_best = require_bool(obj.get("use_best", False), f"field '{prefix}use_best'")
-    unknown = sorted(set(obj) - {"response", "sampled_responses", "scorers", "use_best"})
-    if unknown:
-        raise ApiError(422, f"{where} has unknown fields {unknown}; allowed: response, sampled_responses, scorers, "
-                            "use_best")
-    try:
-        return plan_scores([response], [samples], scorers=scorers, use_best=use_best)
-    except (TypeError, ValueError) as exc:
-        raise ApiError(422, f"{where}: {exc}") from None
-
-
 async def _ncp(state: ServeState, request: Request) -> Response:
     body = await _read_json(request, state.config)
     batched = isinstance(body, list)
     items = body if batched else [body]
-    plans = [_ncp_item(item, f"[{i}]." if batched else "", state.config)
+    plans = [ncp_item(item, f"[{i}]." if batched else "", state.config)
              for i, item in enumerate(items)]
     n_pairs = sum(len(p.pairs) for p in plans)
     check_pair_count(n_pairs, "the request needs", state.config)
@@ -290,120 +242,37 @@ async def _ncp(state: ServeState, request: Request) -> Response:
     return JSONResponse(out if batched else out[0])
 
 
-class _Recorder:
-    """An engine stand-in that records the pairs ``check_answers`` plans (and answers zeros)."""
-
-    device, precision = "recorder", "none"
-
-    def __init__(self, max_length: int) -> None:
-        self.manifest = SimpleNamespace(max_length=max_length)
-        self.pairs: list[tuple[str, str]] = []
-
-    def predict_with_stats(self, pairs: Sequence[tuple[str, str]]) -> tuple[np.ndarray, Any]:
-        self.pairs = list(pairs)
-        return np.zeros((len(self.pairs), 3), dtype=np.float32), None
-
-
-class _Replay:
-    """An engine stand-in that answers the planned pairs with the probabilities the batcher returned."""
-
-    def __init__(self, pairs: list[tuple[str, str]], probs: np.ndarray, max_length: int, device: str,
-                 precision: str) -> None:
-        self.manifest = SimpleNamespace(max_length=max_length)
-        self.pairs, self.probs = pairs, probs
-        self.device, self.precision = device, precision
-
-    def predict_with_stats(self, pairs: Sequence[tuple[str, str]]) -> tuple[np.ndarray, Any]:
-        if list(pairs) != self.pairs:
-            raise RuntimeError("check_answers planned different pairs on replay; the checks are not deterministic")
-        return self.probs, None
-
-
-def _calm_item(item: Any, prefix: str, config: ServeConfig) -> tuple[AnswerInput, CheckConfig]:
-    where = _where(prefix)
-    obj = require_object(item, where)
-    allowed = {"answer", "documents", "verifier_answer", "config"}
-    unknown = sorted(set(obj) - allowed)
-    if unknown:
-        raise ApiError(422, f"{where} has unknown fields {unknown}; allowed: {sorted(allowed)}")
-    if "answer" not in obj:
-        raise ApiError(422, f"field '{prefix}answer' is missing; send {{\"answer\": str, \"documents\": [...], "
-                            "\"verifier_answer\": str}")
-    answer = check_text(require_str(obj["answer"], f"field '{prefix}answer'"), f"field '{prefix}answer'", config)
-    docs_raw = require_list(obj.get("documents", []), f"field '{prefix}documents'",
-                            "documents (strings or {\"title\", \"text\"} objects)")
-    docs: list[Document] = []
-    for j, d in enumerate(docs_raw):
-        try:
-            doc = as_document(d, f"{prefix}documents[{j}]")
-        except (TypeError, ValueError) as exc:
-            raise ApiError(422, str(exc)) from None
-        check_text(doc.text, f"{prefix}documents[{j}].text", config)
-        check_text(doc.title, f"{prefix}documents[{j}].title", config)
-        docs.append(doc)
-    verifier = obj.get("verifier_answer")
-    if verifier is not None:
-        verifier = check_text(require_str(verifier, f"field '{prefix}verifier_answer'"),
-                              f"field '{prefix}verifier_answer'", config)
-    cfg_raw = require_object(obj.get("config", {}), f"field '{prefix}config'")
-    bad = sorted(set(cfg_raw) - _CHECK_FIELDS)
-    if bad:
-        raise ApiError(422, f"field '{prefix}config' has unknown keys {bad}; allowed: {sorted(_CHECK_FIELDS)}")
-    try:
-        check_config = CheckConfig(**cfg_raw)
-    except (TypeError, ValueError) as exc:
-        raise ApiError(422, f"field '{prefix}config': {exc}") from None
-    return AnswerInput(answer=answer, documents=docs, verifier_answer=verifier), check_config
-
-
 async def _calm_check(state: ServeState, request: Request) -> Response:
     body = await _read_json(request, state.config)
     batched = isinstance(body, list)
-    items = [_calm_item(it, f"[{i}]." if batched else "", state.config)
+    items = [calm_item(it, f"[{i}]." if batched else "", state.config)
              for i, it in enumerate(body if batched else [body])]
     _ready(state)
     max_length = state.max_length
 
-    def record() -> list[list[tuple[str, str]]]:
-        planned = []
-        for answer, cfg in items:
-            rec = _Recorder(max_length)
-            check_answers([answer], rec, cfg)
-            planned.append(rec.pairs)
-        return planned
+    def plan() -> list[CheckPlan]:
+        plans = [plan_checks([answer], cfg, max_length) for answer, cfg in items]
+        for p in plans:
+            p.pair_plan.warn_truncation()
+        return plans
 
-    planned = await asyncio.to_thread(record)
-    check_pair_count(sum(len(p) for p in planned), "the request needs", state.config)
-    probs = await _run_pairs(state, request, [pair for p in planned for pair in p])
-    device = str(getattr(state.engine, "device", ""))
-    precision = str(getattr(state.engine, "precision", ""))
+    plans = await asyncio.to_thread(plan)
+    check_pair_count(sum(len(p.pairs) for p in plans), "the request needs", state.config)
+    probs = await _run_pairs(state, request, [pair for p in plans for pair in p.pairs])
 
-    def replay() -> list[dict[str, Any]]:
+    def finish() -> list[dict[str, Any]]:
         out, offset = [], 0
-        for (answer, cfg), pairs in zip(items, planned):
-            engine = _Replay(pairs, probs[offset:offset + len(pairs)], max_length, device, precision)
-            offset += len(pairs)
-            checks, _ = check_answers([answer], engine, cfg)
-            out.append(checks[0].to_dict())
+        for p in plans:
+            out.append(finish_checks(p, probs[offset:offset + len(p.pairs)])[0].to_dict())
+            offset += len(p.pairs)
         return out
 
-    results = await asyncio.to_thread(replay)
+    results = await asyncio.to_thread(finish)
     return JSONResponse(results if batched else results[0])
 
 
 async def _predict(state: ServeState, request: Request) -> Response:
-    obj = require_object(await _read_json(request, state.config))
-    if "inputs" not in obj:
-        raise ApiError(422, "field 'inputs' is missing; send {\"inputs\": [premise, hypothesis]} or "
-                            "{\"inputs\": [[premise, hypothesis], ...]}")
-    pairs, batched = parse_tei_inputs(obj["inputs"], state.config)
-    raw_scores = require_bool(obj.get("raw_scores", False), "field 'raw_scores'")
-    truncate = obj.get("truncate", False)
-    truncate = False if truncate is None else require_bool(truncate, "field 'truncate'")
-    direction = obj.get("truncation_direction", "Right")
-    if direction not in (None, "Right", "right"):
-        raise ApiError(422, f"field 'truncation_direction' is {direction!r}; only \"Right\" is supported (the engine "
-                            "truncates longest_first, the longer text losing its end)")
+    pairs, batched, raw_scores, truncate = parse_predict(await _read_json(request, state.config), state.config)
     if not truncate:
         _ready(state)
         lengths = await asyncio.to_thread(state.untruncated_lengths, pairs)

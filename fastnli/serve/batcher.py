@@ -29,25 +29,17 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import numpy as np
 
 from fastnli.calm.documents import estimate_tokens
+from fastnli.engine.protocol import EngineLike
+from fastnli.engine.tokenize import PAIR_SPECIAL_TOKENS
 from fastnli.serve.metrics import ServeMetrics
 
-__all__ = ["DynamicBatcher", "EngineLike", "Overloaded", "ShuttingDown"]
+__all__ = ["DynamicBatcher", "Overloaded", "ShuttingDown"]
 
 logger = logging.getLogger("fastnli")
-
-_PAIR_SPECIAL_TOKENS = 3
-
-
-class EngineLike(Protocol):
-    """What the batcher needs of an engine: :class:`fastnli.NLIEngine` or a stub with the same call."""
-
-    def predict_with_stats(self, pairs: Sequence[tuple[str, str]]) -> tuple[np.ndarray, Any]: ...
-
 
 class Overloaded(RuntimeError):
     """The queue is full; retry after ``retry_after_s`` seconds (the HTTP layer answers 429)."""
@@ -150,7 +142,7 @@ class DynamicBatcher:
 
     def pair_tokens(self, premise: str, hypothesis: str) -> int:
         """The token estimate of one pair used by the padded-token budget (capped at the model limit)."""
-        return min(estimate_tokens(premise) + estimate_tokens(hypothesis) + _PAIR_SPECIAL_TOKENS,
+        return min(estimate_tokens(premise) + estimate_tokens(hypothesis) + PAIR_SPECIAL_TOKENS,
                    self.model_max_length)
 
     def submit(self, pairs: Sequence[tuple[str, str]]) -> Future[np.ndarray]:

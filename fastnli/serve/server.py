@@ -15,8 +15,8 @@ import time
 from types import TracebackType
 from typing import Any
 
+from fastnli.engine.protocol import EngineLike
 from fastnli.serve.app import EngineFactory, create_app
-from fastnli.serve.batcher import EngineLike
 from fastnli.serve.config import ServeConfig
 
 __all__ = ["BackgroundServer", "run_server"]

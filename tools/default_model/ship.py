@@ -36,15 +36,13 @@ REPO = Path(__file__).resolve().parents[2]
 #: The shipped model's quality records: beside the tools, out of the wheel.
 QUALITY = Path(__file__).resolve().with_name("quality.json")
 LABELS = ["contradiction", "neutral", "entailment"]
-#: With the embedding tables in fp32 the INT8 graph is ~58 MB, over the 50 MB budget for the repository and the
-#: wheel. Measured on the first trained model: 8-bit tables (``op_types`` + ``"Gather"``, 24 MB) agreed with fp32 on
-#: 98.06% of snli/dev; fp16 tables keep more of the fp32 model (see quality.json).
-#: Blockwise (the default since the second release): every weight MatMul 8-bit blockwise, so that a pair scores the
-#: same in any batch, and INT8 agrees with fp32 on 99.5% of snli/dev instead of 97.8% (see
-#: ``fastnli.exporter.precision.INT8_RECIPES`` for the measured trade-off).
-#: Static (the default since the third release): the FFN's activation outliers in fp32 branches and every activation
-#: range fixed at export, so scores stay batch-invariant at 1.6x the blockwise speed. Since the fourth: the outlier
-#: channels split into dithered copies, biases folded into the int8 MatMuls, the residual stream left fp32.
+#: The INT8 recipes the ship tool offers (``--recipe``). Every one keeps the embedding tables in fp16: in fp32 the
+#: INT8 graph is ~58 MB, over the 50 MB budget for the repository and the wheel; 8-bit tables (``int8-embeddings``,
+#: 24 MB) lose more of the fp32 model's labels (98.06% agreement on snli/dev on a model of the same shape).
+#: ``static-fp16-embeddings`` (the default): the FFN's outlier channels split into dithered copies, every activation
+#: range fixed at export, biases folded into the int8 MatMuls and the residual stream left fp32, so a pair scores the
+#: same in any batch at 1.6x the speed of ``blockwise-fp16-embeddings`` (also batch-invariant; every weight MatMul
+#: 8-bit blockwise). ``fastnli.exporter.precision.INT8_RECIPES`` gives the measured trade-off of each.
 RECIPES: dict[str, dict[str, Any]] = {
     "static-fp16-embeddings": {**INT8_RECIPES["static"], "embeddings": "fp16"},
     "outlier-split-fp16-embeddings": {**INT8_RECIPES["outlier-split"], "embeddings": "fp16"},
@@ -378,7 +376,7 @@ def main() -> None:
 
     training = json.loads((args.checkpoint / "training_log.json").read_text())
     teacher = training["recipe"].get("teacher_engine")
-    if teacher and teacher.get("lineage") is None:  # logs of earlier tool versions; before --out (maybe the teacher)
+    if teacher and teacher.get("lineage") is None:  # a training log without lineage; read before --out (maybe the teacher)
         teacher["lineage"] = teacher_lineage(Path(teacher["artifact"]))  # is replaced
     work = Path(tempfile.mkdtemp(prefix="fastnli-ship-"))
     art = work / "artifact"
@@ -433,7 +431,7 @@ def main() -> None:
     data["precisions"] = {"int8": data["precisions"]["int8"]}  # only the INT8 graph ships
     data["source"] = SHIPPED_SOURCE  # not the training directory the export read
     (out / MANIFEST_NAME).write_text(json.dumps(data, indent=2, sort_keys=True))
-    a = training["args"]  # logs of earlier tool versions described slice selection whatever --select-on said
+    a = training["args"]  # the selection text is rendered from the arguments, whatever the log says
     training["recipe"]["selection"] = selection_text(a["select_on"], a["eval_slice"], a["eval_every"])
     quality["training"] = training
     args.quality.write_text(json.dumps(quality, indent=1, sort_keys=True))
