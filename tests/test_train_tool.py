@@ -69,6 +69,24 @@ def test_distillation_from_log_probabilities_equals_distillation_from_logits(too
     assert float(from_logp) == pytest.approx(float(from_logits), rel=1e-12)
 
 
+def test_mixed_distillation_distils_only_rows_with_a_teacher(tool) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
+    torch.manual_seed(0)
+    student, labels = torch.randn(6, 3), torch.randint(0, 3, (6,))
+    teacher = torch.log_softmax(torch.randn(6, 3), -1)
+    every = tool.mixed_distillation_loss(student, labels, teacher, 0.5, 2.0, 0.05)
+    plain = 0.5 * torch.nn.functional.cross_entropy(student, labels, label_smoothing=0.05) + 0.5 * \
+        tool.distillation_loss(student, teacher, 2.0)
+    assert float(every) == pytest.approx(float(plain), rel=1e-6)
+    teacher[:3] = float("nan")  # generated rows: cross-entropy alone
+    ce = torch.nn.functional.cross_entropy(student, labels, label_smoothing=0.05, reduction="none")
+    kd = torch.stack([tool.distillation_loss(student[i:i + 1], teacher[i:i + 1], 2.0) for i in range(3, 6)])
+    expected = torch.cat([ce[:3], 0.5 * ce[3:] + 0.5 * kd]).mean()
+    assert float(tool.mixed_distillation_loss(student, labels, teacher, 0.5, 2.0, 0.05)) == pytest.approx(
+        float(expected), rel=1e-6)
+
+
 def test_engine_teacher_gives_the_engines_log_probabilities_in_input_order(tool) -> None:  # type: ignore[no-untyped-def]
     from fastnli.engine import NLIEngine
 

@@ -4,17 +4,19 @@
 Training data (licensed for a shipped model, see ``<data>/README.md``): ``train.jsonl`` without the ``lingnli/*`` rows,
 plus ``dev.jsonl``'s ``mnli/dev_matched`` rows. Checkpoints are selected on ``snli/dev`` (a fixed 2,000-pair slice at
 every evaluation, the whole split at the end of each epoch); ``snli/dev`` and ``lingnli/val`` are reported. LingNLI is
-never trained on.
+never trained on. ``--extra-train`` adds generated rows (the answer-consistency and long-premise pairs of
+``tools/default_model/answer_data.py``); distillation (``--teacher-engine``) applies to the licensed NLI rows only.
 
 The best checkpoint (``--select-on full``: by accuracy on the whole snli/dev at each epoch end; ``slice``: on the
 fixed slice, the one figure every evaluation has) is written with ``save_pretrained`` (model + tokenizer) to ``--out``
 together with ``training_log.json``, the full recipe.
 
-Run from the repository root, e.g. (the recipe of the shipped model)::
+Run from the repository root, e.g. (the recipe of the shipped model; the teacher is the model it replaces)::
 
-    python tools/default_model/train.py --out /tmp/default-nli --threads 2 --bf16 --epochs 3 --lr 1e-4 \
-        --batch-size 32 --max-length 128 --eval-every 0 --select-on full --time-budget-min 75 --seed 42 \
-        --rdrop-alpha 1.0
+    python -m tools.default_model.answer_data --out /tmp/answers
+    python -m tools.default_model.train --out /tmp/default-nli --threads 2 --bf16 --epochs 1 --lr 1e-4 \
+        --batch-size 32 --max-length 512 --eval-every 0 --select-on full --seed 42 --teacher-engine default \
+        --kd-weight 0.5 --kd-temperature 2 --extra-train /tmp/answers/train.jsonl
 
 ``--bf16`` (bfloat16 autocast, fp32 master weights) is ~2.5x faster than fp32 on CPUs with AVX512-BF16 and was as
 accurate in pilots; without AVX512-BF16 or AMX the tool refuses it. A run writes its resumable state to
@@ -66,6 +68,7 @@ DEV_FILE_TRAIN_SOURCES = ("mnli/dev_matched",)
 SELECT_SOURCE = "snli/dev"
 REPORT_SOURCES = ("snli/dev", "lingnli/val")
 SLICE_NAME = "snli/dev[slice]"
+EXTRA_PREFIX = "extra:"  # sources of --extra-train rows
 SOURCE_LICENCES = {  # from the data README; recorded for the model card
     "snli": "CC BY-SA 4.0",
     "cad_snli": "Apache-2.0 repo; SNLI text CC BY-SA 4.0",
@@ -172,6 +175,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "of --teacher: its probabilities of every training pair are computed once through NLIEngine (batch-"
         "invariant, so caching them is exact) and used as the teacher's log-probabilities",
     )
+    p.add_argument(
+        "--extra-train",
+        type=Path,
+        action="append",
+        default=[],
+        help="JSONL of generated training rows (premise, hypothesis, label, source, category), e.g. the train.jsonl "
+        "of tools/default_model/answer_data.py; may repeat. Distillation never applies to these rows",
+    )
     p.add_argument("--kd-weight", type=float, default=0.5, help="weight of the distillation term (0..1)")
     p.add_argument("--kd-temperature", type=float, default=2.0, help="softmax temperature of the distillation term")
     p.add_argument(
@@ -238,6 +249,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--rdrop-alpha must be >= 0")
     if args.teacher is not None and args.teacher_engine is not None:
         p.error("--teacher and --teacher-engine are exclusive: pick one teacher")
+    if args.extra_train and args.rdrop_alpha > 0 and (args.teacher or args.teacher_engine):
+        p.error("--extra-train with a teacher and --rdrop-alpha is not supported: the generated rows have no teacher "
+                "and R-Drop's loss is not per row; drop one of them")
     if not 0.0 <= args.kd_weight <= 1.0 or args.kd_temperature <= 0:
         p.error("--kd-weight must be in [0, 1] and --kd-temperature positive")
     if args.state_every_min < 0 or (args.stop_after_steps is not None and args.stop_after_steps <= 0):
@@ -379,6 +393,22 @@ def load_data(args: argparse.Namespace) -> tuple[Split, dict[str, Split], dict[s
         train = train.subset("train", idx)
         info["limit_train"] = args.limit_train
         info["train_rows_per_source_after_limit"] = dict(sorted(Counter(train.sources).items()))
+
+    if args.extra_train:
+        extra = [r for path in args.extra_train for r in read_jsonl(path)]
+        base_n = len(train)
+        train = Split(
+            name="train",
+            premises=train.premises + [r["premise"] for r in extra],
+            hypotheses=train.hypotheses + [r["hypothesis"] for r in extra],
+            labels=np.concatenate([train.labels, np.array([LABEL2ID[r["label"]] for r in extra], dtype=np.int64)]),
+            sources=train.sources + [EXTRA_PREFIX + r["source"] for r in extra],
+        )
+        info["extra_train"] = {
+            "files": {str(p): sha256_file(p) for p in args.extra_train},
+            "rows": len(train) - base_n,
+            "rows_per_category": dict(sorted(Counter(r.get("category", "?") for r in extra).items())),
+        }
 
     if args.swap_contradictions:
         c = [i for i in range(len(train)) if train.labels[i] == LABEL2ID["contradiction"]]
@@ -568,6 +598,23 @@ def distillation_loss(student: Any, teacher: Any, temperature: float) -> Any:
     return torch.nn.functional.kl_div(
         torch.log_softmax(student / t, -1), torch.log_softmax(teacher / t, -1), log_target=True,
         reduction="batchmean") * t * t
+
+
+def mixed_distillation_loss(student: Any, labels: Any, teacher: Any, weight: float, temperature: float,
+                            label_smoothing: float) -> Any:
+    """Per row, ``(1 - weight) x cross-entropy + weight x distillation`` where the row has a teacher, and the
+    cross-entropy alone where its teacher log-probabilities are NaN (generated rows the teacher never saw); the
+    batch mean of those. Equals ``(1 - weight) x CE + weight x distillation_loss`` when every row has a teacher."""
+    import torch
+
+    ce = torch.nn.functional.cross_entropy(student, labels, label_smoothing=label_smoothing, reduction="none")
+    has = ~torch.isnan(teacher).any(-1)
+    t = temperature
+    safe = torch.where(has[:, None], teacher, torch.zeros_like(teacher))
+    kd = torch.nn.functional.kl_div(torch.log_softmax(student / t, -1), torch.log_softmax(safe / t, -1),
+                                    log_target=True, reduction="none").sum(-1) * t * t
+    per_row = torch.where(has, (1 - weight) * ce + weight * kd, ce)
+    return per_row.mean()
 
 
 def engine_teacher_logprobs(name: str, split: Split) -> tuple[np.ndarray, dict[str, Any]]:
@@ -816,7 +863,10 @@ def main(argv: list[str] | None = None) -> int:
     if resumed is not None:
         teacher_logp, teacher_record = resumed["teacher_logp"], resumed["teacher_record"]
     elif args.teacher_engine is not None:
-        teacher_logp, teacher_record = engine_teacher_logprobs(args.teacher_engine, train)
+        base_idx = np.array([i for i, src in enumerate(train.sources) if not src.startswith(EXTRA_PREFIX)])
+        base_logp, teacher_record = engine_teacher_logprobs(args.teacher_engine, train.subset("train", base_idx))
+        teacher_logp = np.full((len(train), len(LABELS)), np.nan, dtype=np.float32)  # NaN: not distilled
+        teacher_logp[base_idx] = base_logp
         LOG.info("teacher %s: %s", args.teacher_engine, teacher_record)
     optimizer = build_optimizer(model, args)
 
@@ -958,7 +1008,10 @@ def main(argv: list[str] | None = None) -> int:
                         teacher_out = teacher(**batch).logits.float().clone()
                 elif teacher_logp is not None:
                     teacher_out = torch.from_numpy(teacher_logp[idx])
-                if teacher_out is not None:  # with R-Drop, both dropout passes are distilled
+                if teacher_out is not None and not rdrop and args.extra_train:  # generated rows: no teacher
+                    loss = mixed_distillation_loss(logits, labels, teacher_out, args.kd_weight, args.kd_temperature,
+                                                   args.label_smoothing)
+                elif teacher_out is not None:  # with R-Drop, both dropout passes are distilled
                     loss = (1 - args.kd_weight) * loss + args.kd_weight * distillation_loss(
                         logits, teacher_out.repeat(2, 1) if rdrop else teacher_out, args.kd_temperature)
                 loss.backward()

@@ -1,0 +1,124 @@
+"""The default model's answer-consistency data and its mission-shaped evaluation (tools/default_model)."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import SHARED_DATA
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tools.default_model import answer_data as ad
+from tools.default_model.mission_eval import auroc, evaluate
+
+
+def test_parse_value_kinds() -> None:
+    assert ad.parse_value("1989").kind == "year" and ad.parse_value("in 1989").year == 1989
+    d = ad.parse_value("14 December 1972 UTC")
+    assert (d.kind, d.day, d.month, d.year) == ("date", 14, 12, 1972)
+    assert ad.parse_value("May 22, 2018").kind == "date" and ad.parse_value("December 1972").kind == "month_year"
+    assert ad.parse_value("24").number == 24 and ad.parse_value("three").number == 3
+    q = ad.parse_value("24 episodes")
+    assert (q.kind, q.number, q.unit) == ("quantity", 24, "episodes")
+    assert ad.parse_value("Canberra").kind == "entity"
+
+
+@given(st.integers(1000, 2099), st.integers(0, 10**6))
+def test_swapped_years_differ_and_variants_keep_the_year(year: int, seed: int) -> None:
+    v = ad.parse_value(str(year))
+    rng = random.Random(seed)
+    for w in ad.swapped_values(v, {str(year)}, rng):
+        assert ad.parse_value(w).year != year
+    for text in ad.format_variants(v, rng):
+        assert str(year) in text
+
+
+@given(st.integers(0, 5000), st.integers(0, 10**6))
+def test_swapped_numbers_are_never_an_accepted_answer(n: int, seed: int) -> None:
+    v = ad.parse_value(str(n))
+    accepted = {ad.normalize(str(n)), ad.normalize(str(n + 1))}
+    for w in ad.swapped_values(v, accepted, random.Random(seed), n=3):
+        assert ad.normalize(w) not in accepted
+
+
+def test_sentence_answers() -> None:
+    assert ad.sentence_answer("who wrote the song hallelujah", "Leonard Cohen") == \
+        "Leonard Cohen wrote the song hallelujah."
+    assert ad.sentence_answer("when was the eiffel tower built?", "1889") == "The eiffel tower was built in 1889."
+    assert ad.sentence_answer("why is the sky blue", "scattering") is None
+
+
+def test_long_document_places_the_evidence_and_avoids_related_filler() -> None:
+    pool = ["The committee met on Tuesday.", "Prices rose sharply last year.", "A dog runs in the park.",
+            "Tourists visit the old harbour.", "The report was published in spring."]
+    rng = random.Random(0)
+    doc = ad.long_document("A man plays a guitar.", "A dog runs outside.", pool, 60, rng, depth=0.0)
+    assert doc.startswith("A man plays a guitar.") and len(doc.split()) >= 60
+    assert "A dog runs in the park." not in doc  # shares two content words with the hypothesis
+    nodoc = ad.long_document(None, "Tourists visit a harbour.", pool, 40, rng)
+    assert "Tourists visit the old harbour." not in nodoc and len(nodoc.split()) >= 40
+
+
+def test_cap_per_category_keeps_whole_pairs() -> None:
+    rows: list[dict] = []
+    rec = ad.Rows("train", "t", rows)
+    for i in range(10):
+        rec.both(f"a{i}", f"b{i}", "contradiction", "contradiction", "x")
+    kept = ad.cap_per_category(rows, 6, 0)
+    assert len(kept) == 6 and all(sum(r["pair_id"] == k["pair_id"] for r in kept) == 2 for k in kept)
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
+def test_build_parts_are_disjoint_and_pairs_have_both_directions(tmp_path: Path) -> None:
+    parts = ad.build(SHARED_DATA, seed=0, long_train=200)
+    questions = {p: {r["question"] for r in rows if r["question"]} for p, rows in parts.items()}
+    assert not (questions["train"] & questions["dev"]) and not (questions["train"] & questions["test"])
+    assert not (questions["dev"] & questions["test"])
+    assert all(ad.part_of(q) == p for p, qs in questions.items() for q in qs)
+    for part in ("dev", "test"):
+        by_pair = defaultdict(list)
+        for r in parts[part]:
+            if r["pair_id"]:
+                by_pair[r["pair_id"]].append(r)
+        for rows in by_pair.values():
+            a, b = rows
+            assert (a["premise"], a["hypothesis"]) == (b["hypothesis"], b["premise"])
+            if a["category"].split("+")[0] in ad.VALUE_SWAPS:
+                assert a["label"] == b["label"] == "contradiction"
+            if a["category"].split("+")[0] in ad.MEANING_KEPT:
+                assert a["label"] == b["label"] == "entailment"
+        long_rows = [r for r in parts[part] if r["category"].startswith("long_")]
+        assert {r["category"] for r in long_rows} >= {"long_kept@0", "long_kept@330", "long_removed@330"}
+        for r in long_rows:
+            assert r["label"] == "neutral" or r["category"].startswith("long_kept")
+    train_long = [r for r in parts["train"] if r["source"].startswith("long/")]
+    assert len(train_long) == 200 and {r["source"] for r in train_long} == {"long/kept", "long/removed"}
+    assert not any(r["source"].startswith("lingnli") for r in parts["train"])
+
+
+def test_auroc_equals_the_pairwise_count() -> None:
+    rng = np.random.default_rng(0)
+    pos, neg = rng.integers(0, 5, 40).astype(float), rng.integers(0, 5, 30).astype(float)
+    brute = np.mean([(p > n) + 0.5 * (p == n) for p in pos for n in neg])
+    assert auroc(pos, neg) == pytest.approx(brute, abs=1e-12)
+
+
+def test_evaluate_reads_each_category_by_its_rule() -> None:
+    rows: list[dict] = []
+    rec = ad.Rows("test", "t", rows)
+    rec.both("1989", "1991", "contradiction", "contradiction", "year_swap")  # flagged one way only: counts
+    rec.both("1989", "In 1989.", "entailment", "entailment", "format_variant")  # entailed one way only: fails
+    rec.both("May 1989", "1989", "entailment", "neutral", "more_specific")
+    probs = np.array([[0.6, 0.2, 0.2], [0.1, 0.1, 0.8],   # year swap a->b contradiction, b->a entailment
+                      [0.0, 0.1, 0.9], [0.1, 0.6, 0.3],   # format a->b entailment, b->a neutral
+                      [0.0, 0.1, 0.9], [0.1, 0.8, 0.1]])  # specific -> general entailment, back neutral: right
+    res = evaluate(rows, probs)
+    assert res["categories"]["year_swap"]["value"] == 1.0
+    assert res["categories"]["format_variant"]["value"] == 0.0
+    assert res["categories"]["more_specific"]["value"] == 1.0
+    # pair scores: swap 1 - (0.6 + 0.1) / 2 = 0.65; agreeing pairs 0.95 and 0.95: AUROC 1
+    assert res["groups"]["bare"]["agreement_auroc"] == 1.0

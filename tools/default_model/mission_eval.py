@@ -1,0 +1,178 @@
+"""The mission-shaped evaluation of an NLI model: answers to one question, and statements against long documents.
+
+Reads the ``dev.jsonl`` / ``test.jsonl`` written by ``answer_data.py`` and reports, per category:
+
+- value swaps (years, dates, numbers, quantities, units, entities, numbers in sentences, negation): the share of
+  pairs flagged as contradiction (P(contradiction) > 0.5 in either direction);
+- meaning-keeping variants (formats, aliases, equivalent units, digits vs words): the share scored entailment
+  (argmax) in both directions;
+- more/less specific answers: directed-label accuracy (specific -> general: entailment; back: not entailment);
+- answer agreement AUROC: agreeing (meaning kept, more specific) vs disagreeing (value swaps) pairs ranked by NCP's
+  pair score ``1 - (p_c(a, b) + p_c(b, a)) / 2``, for bare answers, one-sentence answers and question-aware inputs;
+- long premises by filler length: accuracy, entailment kept (gold-entailment rows predicted entailment) and false
+  entailment of documents without the evidence.
+
+Run from the repository root::
+
+    python -m tools.default_model.mission_eval --rows /tmp/ans/test.jsonl --model default
+    python -m tools.default_model.mission_eval --rows /tmp/ans/dev.jsonl --hf /tmp/exp/m1   # a torch checkpoint
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tools.default_model.answer_data import MEANING_KEPT, ONE_WAY, VALUE_SWAPS, read_jsonl
+
+LABELS = ("contradiction", "neutral", "entailment")
+C, N, E = 0, 1, 2
+FORMS = ("", "+sentence", "+question")  # bare answers, one-sentence answers, question-aware inputs
+
+
+def auroc(pos: np.ndarray, neg: np.ndarray) -> float:
+    """P(score of a random positive > score of a random negative), ties counting one half."""
+    if not len(pos) or not len(neg):
+        return float("nan")
+    scores = np.concatenate([pos, neg])
+    order = scores.argsort(kind="mergesort")
+    ranks = np.empty(len(scores))
+    ranks[order] = np.arange(1, len(scores) + 1)
+    for value in np.unique(scores):  # average ranks of ties
+        tie = scores == value
+        if tie.sum() > 1:
+            ranks[tie] = ranks[tie].mean()
+    return float((ranks[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg)))
+
+
+def evaluate(rows: Sequence[dict[str, Any]], probs: np.ndarray) -> dict[str, Any]:
+    """Every figure of the evaluation from the rows and their probabilities ``[N, 3]`` (label order :data:`LABELS`)."""
+    pairs: dict[str, list[int]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        if r["pair_id"]:
+            pairs[r["pair_id"]].append(i)
+    gold = np.array([LABELS.index(r["label"]) for r in rows])
+    pred = probs.argmax(1)
+    categories: dict[str, dict[str, Any]] = {}
+    agree_scores: dict[str, tuple[list[float], list[float]]] = {f: ([], []) for f in FORMS}
+    by_cat: dict[str, list[list[int]]] = defaultdict(list)
+    for idx in pairs.values():
+        by_cat[rows[idx[0]]["category"]].append(idx)
+    for cat, pair_list in sorted(by_cat.items()):
+        base, form = (cat.split("+", 1)[0], "+" + cat.split("+", 1)[1]) if "+" in cat else (cat, "")
+        ij = np.array(pair_list)
+        pc = probs[ij, C]
+        score = 1 - pc.mean(1)
+        if base in VALUE_SWAPS:
+            metric, value = "flagged_contradiction", float((pc.max(1) > 0.5).mean())
+            agree_scores.setdefault(form, ([], []))[1].extend(score.tolist())
+        elif base in MEANING_KEPT:
+            metric, value = "entailment_both_ways", float((pred[ij] == E).all(1).mean())
+            agree_scores.setdefault(form, ([], []))[0].extend(score.tolist())
+        elif base in ONE_WAY:
+            metric, value = "directed_accuracy", float(((pred[ij] == E) == (gold[ij] == E)).mean())
+            agree_scores.setdefault(form, ([], []))[0].extend(score.tolist())
+        else:
+            continue
+        categories[cat] = {"pairs": len(pair_list), "metric": metric, "value": round(value, 4),
+                           "mean_pair_score": round(float(score.mean()), 4)}
+    groups: dict[str, dict[str, float]] = {}
+    for form in FORMS:
+        for kind, names in (("value_swaps", VALUE_SWAPS), ("meaning_kept", MEANING_KEPT)):
+            cats = [c for c in categories if c.split("+", 1)[0] in names and (("+" + c.split("+", 1)[1]) if "+" in c
+                                                                               else "") == form]
+            n = sum(categories[c]["pairs"] for c in cats)
+            if n:
+                groups.setdefault(form or "bare", {})[kind] = round(
+                    sum(categories[c]["value"] * categories[c]["pairs"] for c in cats) / n, 4)
+        pos, neg = agree_scores.get(form, ([], []))
+        if pos and neg:
+            groups.setdefault(form or "bare", {})["agreement_auroc"] = round(auroc(np.array(pos), np.array(neg)), 4)
+    long: dict[str, dict[str, float]] = {}
+    for cat in sorted({r["category"] for r in rows if r["category"].startswith("long_")}):
+        idx = np.array([i for i, r in enumerate(rows) if r["category"] == cat])
+        kind, words = cat.split("@")
+        entry = long.setdefault(words, {})
+        if kind == "long_kept":
+            entry["accuracy"] = round(float((pred[idx] == gold[idx]).mean()), 4)
+            ent = idx[gold[idx] == E]
+            entry["entailment_kept"] = round(float((pred[ent] == E).mean()), 4)
+            con = idx[gold[idx] == C]
+            entry["contradiction_kept"] = round(float((pred[con] == C).mean()), 4)
+        else:
+            entry["false_entailment"] = round(float((pred[idx] == E).mean()), 4)
+        entry["premise_words"] = round(float(np.mean([len(rows[i]["premise"].split()) for i in idx])), 1)
+    return {"categories": categories, "groups": groups, "long": dict(sorted(long.items(), key=lambda kv: int(kv[0])))}
+
+
+def engine_probs(model: str | None, rows: Sequence[dict[str, Any]]) -> np.ndarray:
+    from fastnli.engine import NLIEngine
+
+    engine = NLIEngine.from_pretrained(model, device="cpu")
+    return engine.predict([(r["premise"], r["hypothesis"]) for r in rows])
+
+
+def hf_probs(path: Path, rows: Sequence[dict[str, Any]], batch_size: int = 64, max_length: int = 512) -> np.ndarray:
+    """Probabilities of a HF checkpoint with the label order of :data:`LABELS` (torch, fp32, length-sorted)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    cols = [model.config.label2id[name] for name in LABELS]
+    lengths = [len(r["premise"]) + len(r["hypothesis"]) for r in rows]
+    order = np.argsort(lengths, kind="stable")
+    out = np.zeros((len(rows), 3), dtype=np.float32)
+    with torch.inference_mode():
+        for s in range(0, len(rows), batch_size):
+            idx = order[s : s + batch_size]
+            enc = tok([rows[i]["premise"] for i in idx], [rows[i]["hypothesis"] for i in idx], truncation=True,
+                      max_length=max_length, padding=True, return_tensors="pt")
+            out[idx] = torch.softmax(model(**enc).logits.float(), -1)[:, cols].numpy()
+    return out
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = ["| category | pairs | metric | value | mean pair score |", "|---|---|---|---|---|"]
+    for cat, c in result["categories"].items():
+        lines.append(f"| {cat} | {c['pairs']} | {c['metric']} | {c['value']:.3f} | {c['mean_pair_score']:.3f} |")
+    lines += ["", "| form | value swaps flagged | meaning kept both ways | agreement AUROC |", "|---|---|---|---|"]
+    for form, g in result["groups"].items():
+        lines.append(f"| {form} | {g.get('value_swaps', float('nan')):.3f} | {g.get('meaning_kept', float('nan')):.3f}"
+                     f" | {g.get('agreement_auroc', float('nan')):.3f} |")
+    lines += ["", "| filler words | premise words | accuracy | entailment kept | contradiction kept | "
+              "false entailment without evidence |", "|---|---|---|---|---|---|"]
+    for words, e in result["long"].items():
+        lines.append(f"| {words} | {e['premise_words']:.0f} | {e.get('accuracy', float('nan')):.3f} | "
+                     f"{e.get('entailment_kept', float('nan')):.3f} | {e.get('contradiction_kept', float('nan')):.3f}"
+                     f" | {e.get('false_entailment', float('nan')):.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=Path, required=True, help="dev.jsonl or test.jsonl of answer_data.py")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="a fastnli model: 'default' (the embedded one) or an artifact directory")
+    src.add_argument("--hf", type=Path, help="a HF checkpoint directory, run with torch fp32")
+    p.add_argument("--json", type=Path, help="also write the result as JSON here")
+    args = p.parse_args(argv)
+    rows = read_jsonl(args.rows)
+    probs = (hf_probs(args.hf, rows) if args.hf is not None
+             else engine_probs(None if args.model == "default" else args.model, rows))
+    result = evaluate(rows, probs)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    sys.stdout.write(render(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
