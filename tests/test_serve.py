@@ -168,6 +168,15 @@ def test_ncp_equals_score(server: BackgroundServer, engine: NLIEngine) -> None:
                 engine=engine, use_best=True)[0]
     assert status == 200 and best["best_response"] == lib.best_response
     assert best["noncontradiction"] == pytest.approx(lib.noncontradiction, abs=1e-6)
+    # a question: used when asked (this seeded model is not question-aware, so not by default), as score() does
+    q = {"response": "1989", "sampled_responses": ["1991", "In 1989."], "prompt": "When did the Wall fall?"}
+    for flag in (None, True):
+        status, _, got_q = call(server, "/v1/ncp", {**q, **({} if flag is None else {"question_aware": flag})})
+        lib = score(["1989"], [q["sampled_responses"]], engine=engine, prompts=[q["prompt"]], question_aware=flag)[0]
+        assert status == 200 and got_q["noncontradiction"] == lib.noncontradiction
+    plain = score(["1989"], [q["sampled_responses"]], engine=engine)[0]
+    aware = score(["1989"], [q["sampled_responses"]], engine=engine, prompts=[q["prompt"]], question_aware=True)[0]
+    assert plain.noncontradiction != aware.noncontradiction  # the question really reaches the model
 
 
 def test_calm_check_equals_library(server: BackgroundServer, engine: NLIEngine) -> None:
@@ -235,7 +244,12 @@ BAD_REQUESTS = [
      "field 'scorers' has unknown scorers ['ncp']; choose from ['noncontradiction', 'entailment', "
      "'semantic_negentropy', 'semantic_sets_confidence']"),
     ("/v1/ncp", {"response": "a", "sampled_responses": ["b"], "temperature": 1}, 422,
-     "request body has unknown fields ['temperature']; allowed: response, sampled_responses, scorers, use_best"),
+     "request body has unknown fields ['temperature']; allowed: response, sampled_responses, prompt, scorers, "
+     "use_best, question_aware"),
+    ("/v1/ncp", {"response": "a", "sampled_responses": ["b"], "prompt": 7}, 422,
+     "field 'prompt' must be a string; got number"),
+    ("/v1/ncp", {"response": "a", "sampled_responses": ["b"], "question_aware": True}, 422,
+     "request body: question_aware=True needs prompts: pass prompts=[question per response]"),
     ("/v1/ncp", {"response": "a", "sampled_responses": [f"s{i}" for i in range(40)]}, 413,
      "the request needs 80 NLI pairs; the limit is 64 per request (FASTNLI_MAX_PAIRS_PER_REQUEST); split the request"),
     ("/v1/calm/check", {"documents": []}, 422,

@@ -1,6 +1,7 @@
 """``fastnli score INPUT -o OUT``: NCP and siblings for a JSONL or CSV file of responses and their samples.
 
-Input lines: ``{"response": str, "sampled_responses": [str, ...]}`` (other fields are carried to the output). CSV:
+Input lines: ``{"response": str, "sampled_responses": [str, ...], "prompt": str (optional)}`` (other fields are
+carried to the output; ``prompt``, the question, makes the scoring question-aware where the model is). CSV:
 a ``response`` column and either a ``sampled_responses`` column holding a JSON list or ``sample_1``, ``sample_2``, ...
 columns (empty cells are not samples).
 """
@@ -19,7 +20,7 @@ from typing import Any
 from fastnli.cli.common import add_engine_arguments, engine_from_args, read_jsonl, write_jsonl
 from fastnli.engine import CPU_POLICY, CUDA_POLICY
 from fastnli.scorers.api import SCORERS, score
-from fastnli.scorers.records import check_record
+from fastnli.scorers.records import check_record, record_prompts
 
 logger = logging.getLogger("fastnli")
 
@@ -68,6 +69,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scorers", default="noncontradiction",
                    help=f"comma-separated, from {','.join(SCORERS)} (default: noncontradiction)")
     p.add_argument("--use-best", action="store_true", help="uqlm's use_best (with a semantic scorer)")
+    p.add_argument("--question-aware", choices=["auto", "on", "off"], default="auto",
+                   help="read each answer as an answer to its record's 'prompt': auto (default) where the model was "
+                   "trained so (the embedded default model), on for any model, off for uqlm's exact inputs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_engine_arguments(p)
     ray = p.add_argument_group("Ray (pip install 'fastnli[ray]')")
@@ -120,6 +124,10 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError("--ray needs an output file (OUTPUT or -o), .jsonl or .parquet")
         return _run_ray(args, args.output, scorers)
     rows = read_score_input(args.input)
+    prompts = record_prompts(rows, [f"{args.input}:{r['_line']}" for r in rows])
+    question_aware = {"auto": None, "on": True, "off": False}[args.question_aware]
+    if question_aware is True and prompts is None:
+        raise ValueError(f"--question-aware on needs a 'prompt' field (the question) in every record of {args.input}")
     engine = engine_from_args(args)
     with Progress(TextColumn("scoring pairs"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   disable=args.no_progress, transient=True) as bar:
@@ -129,7 +137,8 @@ def _run(args: argparse.Namespace) -> int:
             bar.update(task, advance=n, total=total)
 
         result = score([r["response"] for r in rows], [r["sampled_responses"] for r in rows], scorers=scorers,
-                       engine=engine, use_best=args.use_best, progress=advance)
+                       engine=engine, use_best=args.use_best, progress=advance, prompts=prompts,
+                       question_aware=question_aware)
 
     def records() -> Iterator[dict[str, Any]]:
         for r, sr in zip(rows, result):
@@ -142,8 +151,9 @@ def _run(args: argparse.Namespace) -> int:
     write_jsonl(args.output, records())
     st = result.stats
     logger.info("%d responses, %d pairs (%d unique, dedup %.2fx) in %d batches, padding efficiency %.3f, "
-                "device %s, precision %s, %.2f s", len(rows), st.pairs_in, st.unique_pairs, st.dedup_ratio,
-                st.batches, st.padding_efficiency, result.device, result.precision, result.seconds)
+                "device %s, precision %s, question-aware %s, %.2f s", len(rows), st.pairs_in, st.unique_pairs,
+                st.dedup_ratio, st.batches, st.padding_efficiency, result.device, result.precision,
+                "yes" if result.question_format else "no", result.seconds)
     return 0
 
 

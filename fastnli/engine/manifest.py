@@ -61,6 +61,8 @@ class Manifest:
     versions: dict[str, str]
     precisions: dict[str, PrecisionEntry]
     artifact_hash: str = ""
+    #: how the model reads an answer with its question (fastnli.scorers.questions), when it was trained so
+    question_format: str | None = None
     format_version: int = FORMAT_VERSION
     created: str = ""
     complete: bool = True

@@ -18,6 +18,7 @@ import numpy as np
 
 from fastnli.engine import CallStats, NLIEngine, default_engine
 from fastnli.scorers import formulas
+from fastnli.scorers.questions import QUESTION_FORMAT, resolve_question_format, validate_prompts, with_question
 
 SCORERS: tuple[str, ...] = ("noncontradiction", "entailment", "semantic_negentropy", "semantic_sets_confidence")
 _SEMANTIC = {"semantic_negentropy", "semantic_sets_confidence"}
@@ -63,6 +64,7 @@ class ScoreResult:
     device: str
     precision: str
     seconds: float
+    question_format: str | None = None  # the question-aware input form used, or None: the answers alone
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -131,20 +133,24 @@ class _Prompt:
     index: np.ndarray  # (k, k) global pair index, -1 where not needed
 
 
-def _plan(responses: Sequence[str], samples: Sequence[Sequence[str]], full: bool, max_length: int | None = None
+def _plan(responses: Sequence[str], samples: Sequence[Sequence[str]], full: bool, max_length: int | None = None,
+          questions: Sequence[str] | None = None, question_format: str = QUESTION_FORMAT
           ) -> tuple[list[tuple[str, str]], list[_Prompt]]:
     """All directed pairs the scorers need, and each prompt's map into them.
 
     Identity (which texts are "the same string", scored 1 without the model) is decided on the full texts; the
-    pairs sent to the engine carry the texts cut to ``max_length`` characters, as uqlm's NLI cuts them.
+    pairs sent to the engine carry the texts cut to ``max_length`` characters, as uqlm's NLI cuts them, each put
+    after its prompt's question when ``questions`` are given.
     """
     pairs: list[tuple[str, str]] = []
     prompts = []
-    for r, s in zip(responses, samples):
+    for i, (r, s) in enumerate(zip(responses, samples)):
         texts = [r, *s]
         uniq = list(dict.fromkeys(texts))
         row = {t: u for u, t in enumerate(uniq)}
         cut = uniq if max_length is None else [t[:max_length] for t in uniq]
+        if questions is not None:
+            cut = [with_question(questions[i], t, question_format) for t in cut]
         k = len(uniq)
         index = np.full((k, k), -1, dtype=np.int64)
         for a in range(k) if full else (0,):
@@ -190,9 +196,10 @@ def check_max_length(max_length: int | None) -> None:
 
 
 def _build_plan(responses: Sequence[str], sampled_responses: Sequence[Sequence[str]], scorer_set: tuple[str, ...],
-                use_best: bool, return_matrix: bool, max_length: int | None) -> ScorePlan:
+                use_best: bool, return_matrix: bool, max_length: int | None,
+                questions: Sequence[str] | None = None, question_format: str = QUESTION_FORMAT) -> ScorePlan:
     full = bool(_SEMANTIC & set(scorer_set)) or return_matrix
-    pairs, prompts = _plan(responses, sampled_responses, full, max_length)
+    pairs, prompts = _plan(responses, sampled_responses, full, max_length, questions, question_format)
     if max_length is not None and any(len(t) > max_length for p in prompts for t in p.uniq):
         logger.info("texts longer than max_length=%d characters are cut before NLI (as uqlm does)", max_length)
     return ScorePlan(pairs, prompts, scorer_set, use_best, return_matrix)
@@ -205,11 +212,16 @@ def plan_scores(
     use_best: bool = False,
     return_matrix: bool = False,
     max_length: int | None = UQLM_MAX_LENGTH,
+    questions: Sequence[str] | None = None,
+    question_format: str = QUESTION_FORMAT,
 ) -> ScorePlan:
     """Validate the inputs and plan the NLI pairs of :func:`score` without running an engine.
 
-    Arguments and defaults are :func:`score`'s. ``score_rows(plan, engine.predict(plan.pairs))`` gives the same
-    rows as ``score(...)``; a service uses it to send the pairs of many requests through one shared batcher.
+    Arguments and defaults are :func:`score`'s, except that the question-aware form is decided by the caller:
+    ``questions`` (one per response, or None: the answers alone) are used as given, in ``question_format``
+    (:func:`~fastnli.scorers.questions.resolve_question_format` decides it from ``score``'s arguments).
+    ``score_rows(plan, engine.predict(plan.pairs))`` gives the same rows as ``score(...)``; a service uses it to
+    send the pairs of many requests through one shared batcher.
 
     Raises:
         TypeError / ValueError: as :func:`score`, naming the offending index and field.
@@ -217,7 +229,10 @@ def plan_scores(
     scorer_set = check_scorers(scorers)
     validate_inputs(responses, sampled_responses)
     check_max_length(max_length)
-    return _build_plan(responses, sampled_responses, scorer_set, use_best, return_matrix, max_length)
+    if questions is not None:
+        questions = validate_prompts(questions, len(responses))
+    return _build_plan(responses, sampled_responses, scorer_set, use_best, return_matrix, max_length, questions,
+                       question_format)
 
 
 def score_rows(plan: ScorePlan, probs: np.ndarray) -> list[ScoreRow]:
@@ -269,6 +284,8 @@ def score(
     return_matrix: bool = False,
     progress: Callable[[int, int], None] | None = None,
     max_length: int | None = UQLM_MAX_LENGTH,
+    prompts: Sequence[str] | None = None,
+    question_aware: bool | None = None,
 ) -> ScoreResult:
     """Score each response against its sampled responses with NLI-based consistency scorers.
 
@@ -290,15 +307,33 @@ def score(
         max_length: as uqlm's ``max_length``: the model sees at most this many characters of each text (default
             2000, uqlm's default; uqlm cuts before tokenising, which changes what a long text keeps under the
             model's token limit). Identical texts are still recognised on the full strings. ``None``: no cut.
+        prompts: the question of each response (optional). With a question-aware model each text goes to NLI as
+            an answer to its question (:data:`~fastnli.scorers.questions.QUESTION_FORMAT`), so "1989" and "1991"
+            are read as answers to "When did the Berlin Wall fall?".
+        question_aware: None (default): use ``prompts`` only when the model was trained question-aware (its
+            manifest's ``question_format``: the embedded default model); any other model gets uqlm's exact inputs.
+            True: use them with any model; False: never. ``ScoreResult.question_format`` says what was used.
 
     Returns:
         A :class:`ScoreResult` with one :class:`ScoreRow` per response, in input order.
+
+    Raises:
+        TypeError / ValueError: naming the offending index and field, before any model is loaded.
     """
     t0 = time.perf_counter()
-    plan = plan_scores(responses, sampled_responses, scorers, use_best, return_matrix, max_length)
+    scorer_set = check_scorers(scorers)
+    validate_inputs(responses, sampled_responses)
+    check_max_length(max_length)
+    if prompts is not None:
+        prompts = validate_prompts(prompts, len(responses))
+    if question_aware is True and prompts is None:
+        resolve_question_format(question_aware, prompts, None)  # raises, naming the fix
     if engine is None:
         engine = default_engine()
+    fmt = resolve_question_format(question_aware, prompts, getattr(engine.manifest, "question_format", None))
+    plan = _build_plan(responses, sampled_responses, scorer_set, use_best, return_matrix, max_length,
+                       prompts if fmt else None, fmt or QUESTION_FORMAT)
     probs, stats = engine.predict_with_stats(plan.pairs, progress)  # the one scheduled engine pass
     rows = score_rows(plan, probs)
     return ScoreResult(rows=rows, scorers=plan.scorers, stats=stats, device=engine.device,
-                       precision=engine.precision, seconds=time.perf_counter() - t0)
+                       precision=engine.precision, seconds=time.perf_counter() - t0, question_format=fmt)

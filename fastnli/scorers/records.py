@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -10,7 +10,8 @@ def check_record(record: Mapping[str, Any], where: str, response_field: str = "r
                  samples_field: str = "sampled_responses") -> None:
     """Raise ValueError naming ``where`` (a file line, a row id) and the field when ``record`` cannot be scored.
 
-    A record needs ``response_field`` (a string) and ``samples_field`` (a non-empty list of strings).
+    A record needs ``response_field`` (a string) and ``samples_field`` (a non-empty list of strings); an optional
+    ``prompt`` (the question) must be a string.
     """
     if response_field not in record:
         raise ValueError(f"{where}: missing field {response_field!r}")
@@ -25,3 +26,22 @@ def check_record(record: Mapping[str, Any], where: str, response_field: str = "r
     for j, x in enumerate(samples):
         if not isinstance(x, str):
             raise ValueError(f"{where}: field {samples_field!r}[{j}] must be a string, got {type(x).__name__}")
+    prompt = record.get("prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise ValueError(f"{where}: field 'prompt' must be a string (the question), got {type(prompt).__name__}")
+
+
+def record_prompts(records: Sequence[Mapping[str, Any]], where: Sequence[str]) -> list[str] | None:
+    """The ``prompt`` field of every record (the question of its response), or None when no record has one.
+
+    Raises:
+        ValueError: naming the first record without a prompt when others have one.
+    """
+    have = [r.get("prompt") is not None for r in records]
+    if not any(have):
+        return None
+    if not all(have):
+        missing = where[have.index(False)]
+        raise ValueError(f"{missing}: missing field 'prompt'; other records have one: give every record its question "
+                         "or none")
+    return [str(r["prompt"]) for r in records]

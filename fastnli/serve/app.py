@@ -225,7 +225,8 @@ async def _ncp(state: ServeState, request: Request) -> Response:
     body = await _read_json(request, state.config)
     batched = isinstance(body, list)
     items = body if batched else [body]
-    plans = [ncp_item(item, f"[{i}]." if batched else "", state.config)
+    model_format = getattr(getattr(state.engine, "manifest", None), "question_format", None)
+    plans = [ncp_item(item, f"[{i}]." if batched else "", state.config, model_format)
              for i, item in enumerate(items)]
     n_pairs = sum(len(p.pairs) for p in plans)
     check_pair_count(n_pairs, "the request needs", state.config)

@@ -21,7 +21,10 @@ _NCP_IN = {"type": "object", "required": ["response", "sampled_responses"], "pro
                                                                          "semantic_negentropy",
                                                                          "semantic_sets_confidence"]},
                 "default": ["noncontradiction"]},
-    "use_best": {"type": "boolean", "default": False}}}
+    "use_best": {"type": "boolean", "default": False},
+    "prompt": {"type": "string", "description": "the question the responses answer (question-aware scoring)"},
+    "question_aware": {"type": ["boolean", "null"], "default": None,
+                       "description": "null: use the prompt where the model was trained question-aware"}}}
 _NCP_OUT = {"type": "object", "properties": {
     "num_samples": {"type": "integer"}, "noncontradiction": {"type": ["number", "null"]},
     "entailment": {"type": ["number", "null"]}, "semantic_negentropy": {"type": ["number", "null"]},

@@ -14,9 +14,10 @@ from typing import Any
 from fastnli.calm.checks import AnswerInput, CheckConfig
 from fastnli.calm.documents import Document, as_document
 from fastnli.scorers.api import SCORERS, ScorePlan, plan_scores
+from fastnli.scorers.questions import QUESTION_FORMAT, resolve_question_format
 from fastnli.serve.config import ENV_VARS, ServeConfig
 
-__all__ = ["ApiError", "CHECK_FIELDS", "calm_item", "check_pair_count", "check_text", "item_where", "ncp_item",
+__all__ = ["ApiError", "CHECK_FIELDS", "NCP_FIELDS", "calm_item", "check_pair_count", "check_text", "item_where", "ncp_item",
            "parse_pairs", "parse_predict", "parse_tei_inputs", "require_bool", "require_list", "require_object", "require_str"]
 
 #: The :class:`~fastnli.calm.checks.CheckConfig` fields a ``/v1/calm/check`` item may set.
@@ -135,13 +136,19 @@ def parse_tei_inputs(value: Any, config: ServeConfig) -> tuple[list[tuple[str, s
     return [_pair(item, f"inputs[{i}]", config) for i, item in enumerate(raw)], True
 
 
+NCP_FIELDS = ("response", "sampled_responses", "prompt", "scorers", "use_best", "question_aware")
+
+
 def item_where(prefix: str) -> str:
     """``"request body"`` or ``"request body[i]"`` for the item of a batched body whose field prefix is ``"[i]."``."""
     return f"request body{prefix[:-1]}" if prefix else "request body"
 
 
-def ncp_item(item: Any, prefix: str, config: ServeConfig) -> ScorePlan:
-    """One ``/v1/ncp`` item (``prefix`` ``"[i]."`` in a batched body) validated and planned: its :class:`ScorePlan`."""
+def ncp_item(item: Any, prefix: str, config: ServeConfig, model_question_format: str | None = None) -> ScorePlan:
+    """One ``/v1/ncp`` item (``prefix`` ``"[i]."`` in a batched body) validated and planned: its :class:`ScorePlan`.
+
+    ``model_question_format``: the served model's ``manifest.question_format``, which decides whether an item's
+    ``prompt`` is used by default (``question_aware`` absent or null), as in :func:`fastnli.scorers.score`."""
     where = item_where(prefix)
     obj = require_object(item, where)
     for key in ("response", "sampled_responses"):
@@ -163,12 +170,20 @@ def ncp_item(item: Any, prefix: str, config: ServeConfig) -> ScorePlan:
     if bad or not scorers:
         raise ApiError(422, f"field '{prefix}scorers' has unknown scorers {bad}; choose from {list(SCORERS)}")
     use_best = require_bool(obj.get("use_best", False), f"field '{prefix}use_best'")
-    unknown = sorted(set(obj) - {"response", "sampled_responses", "scorers", "use_best"})
+    prompt = obj.get("prompt")
+    if prompt is not None:
+        prompt = check_text(require_str(prompt, f"field '{prefix}prompt'"), f"field '{prefix}prompt'", config)
+    question_aware = obj.get("question_aware")
+    if question_aware is not None:
+        question_aware = require_bool(question_aware, f"field '{prefix}question_aware'")
+    unknown = sorted(set(obj) - set(NCP_FIELDS))
     if unknown:
-        raise ApiError(422, f"{where} has unknown fields {unknown}; allowed: response, sampled_responses, scorers, "
-                            "use_best")
+        raise ApiError(422, f"{where} has unknown fields {unknown}; allowed: {', '.join(NCP_FIELDS)}")
     try:
-        return plan_scores([response], [samples], scorers=scorers, use_best=use_best)
+        fmt = resolve_question_format(question_aware, None if prompt is None else [prompt], model_question_format)
+        return plan_scores([response], [samples], scorers=scorers, use_best=use_best,
+                           questions=[prompt] if fmt and prompt is not None else None,
+                           question_format=fmt or QUESTION_FORMAT)
     except (TypeError, ValueError) as exc:
         raise ApiError(422, f"{where}: {exc}") from None
 
