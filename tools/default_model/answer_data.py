@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastnli.scorers.questions import with_question  # the question-aware form the model is trained on
+
 PARTS = ("train", "dev", "test")
 QA_FILES = ("qa/nq_open_dev.jsonl", "qa/efficientqa_dev.jsonl")
 SENTENCE_SOURCES = ("snli/train", "cad_snli", "wanli/train", "mnli/dev_matched")
 FILLER_SOURCE = "mnli/dev_matched"
 LONG_EVAL_SOURCE = "snli/dev"
-# the question-aware form of an answer (fastnli.scorers uses the same text: see with_question there)
-QUESTION_FORMAT = "Question: {question}\nAnswer: {answer}"
 
 # categories of the evaluation, and the goal each belongs to
 VALUE_SWAPS = ("year_swap", "date_swap", "number_swap", "quantity_swap", "unit_swap", "entity_swap",
@@ -92,10 +92,6 @@ def normalize(text: str) -> str:
     t = re.sub(r"[^\w\s]", " ", clean(text).lower())
     t = re.sub(r"^(?:the|a|an|in|on|at)\s+", "", re.sub(r"\s+", " ", t).strip())
     return t
-
-
-def with_question(question: str, answer: str) -> str:
-    return QUESTION_FORMAT.format(question=clean(question).rstrip("?") + "?", answer=answer)
 
 
 # --------------------------------------------------------------------------------------------------------------------
