@@ -29,6 +29,8 @@ from fastnli.engine.manifest import MANIFEST_NAME, read_manifest
 from fastnli.engine.session import SessionConfig, cpu_model_name, int8_isa, u8s8_saturates
 from fastnli.exporter import export
 from fastnli.exporter.precision import INT8_RECIPE, INT8_RECIPES
+from fastnli.scorers.questions import QUESTION_FORMAT
+from tools.default_model import answer_data, mission_eval
 from tools.default_model.train import selection_text, teacher_lineage
 
 logger = logging.getLogger("fastnli")
@@ -52,6 +54,7 @@ RECIPES: dict[str, dict[str, Any]] = {
     "int8-embeddings": {**INT8_RECIPE, "op_types": ["MatMul", "Gemm", "Gather"]},
 }
 GATE_STEP = {"snli/dev": 10, "lingnli/val": 8}  # the CI gate slice: every n-th row of the split
+MISSION_GATE_EVERY = 10  # the CI gate's slice of the mission test part: every n-th pair and long-premise row
 ORDER_ROWS = 4000  # snli/dev pairs scored forwards and reversed for the order-invariance figure
 SHIPPED_SOURCE = "fastnli default model (all-MiniLM-L6-v2 fine-tuned by tools/default_model/train.py; MODEL_CARD.md)"
 CALIBRATION_PAIRS = 512  # licensed training pairs (numpy default_rng(0)) the calibrating INT8 recipes measure on
@@ -143,6 +146,26 @@ def cpu_run(int8: NLIEngine, splits: dict[str, list[dict[str, str]]], gate: dict
             "pairs_per_s_snli_dev": round(throughput(fast, snli), 1)}
     logger.info("this CPU: %s", run)
     return run
+
+
+def mission(engine: NLIEngine, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The mission-shaped evaluation (``mission_eval.evaluate``) of ``engine`` on answer_data rows."""
+    return mission_eval.evaluate(rows, engine.predict([(r["premise"], r["hypothesis"]) for r in rows]))
+
+
+def question_aware_decision(dev: dict[str, Any]) -> dict[str, Any]:
+    """Whether the model should read answers with their question by default, from the dev part: yes when the
+    question-aware inputs separate agreeing from disagreeing answers at least as well as the answers alone (AUROC)
+    and flag value swaps and keep meaning-keeping variants at least as often (their mean)."""
+    bare, aware = dev["groups"]["bare"], dev["groups"]["+question"]
+
+    def both(g: dict[str, float]) -> float:
+        return (g["value_swaps"] + g["meaning_kept"]) / 2
+
+    use = aware["agreement_auroc"] >= bare["agreement_auroc"] and both(aware) >= both(bare)
+    return {"default": bool(use), "rule": "question-aware inputs by default when, on the dev part, their agreement "
+            "AUROC and their mean of (value swaps flagged, meaning kept both ways) are both at least the bare "
+            "answers'", "dev_bare": bare, "dev_question": aware}
 
 
 def merge_cpu_run(runs: list[dict[str, Any]], run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -282,6 +305,49 @@ def saturating_text(q: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def mission_tables(q: dict[str, Any]) -> str:
+    """The model card's mission tables: per category and per form (test part), this model beside the one it
+    replaced, and the long-premise table."""
+    now, before = q["mission"]["test"], (q.get("mission_previous") or {}).get("test")
+
+    def cell(res: dict[str, Any] | None, cat: str) -> str:
+        c = (res or {}).get("categories", {}).get(cat)
+        return f"{c['value']:.3f}" if c else "-"
+
+    lines = ["| category | pairs | metric | before | now |", "|---|---|---|---|---|"]
+    for cat, c in now["categories"].items():
+        lines.append(f"| {cat} | {c['pairs']} | {c['metric']} | {cell(before, cat)} | {c['value']:.3f} |")
+    lines += ["", "| inputs | value swaps flagged (before / now) | meaning kept both ways (before / now) | "
+              "agreement AUROC (before / now) |", "|---|---|---|---|"]
+    for form, g in now["groups"].items():
+        b = (before or {}).get("groups", {}).get(form, {})
+        lines.append(" | ".join([f"| {form}"] + [f"{b.get(k, float('nan')):.3f} / {g.get(k, float('nan')):.3f}" for k in
+                                                 ("value_swaps", "meaning_kept", "agreement_auroc")]) + " |")
+    lines += ["", "| filler words | premise words | accuracy (before / now) | entailment kept (before / now) | "
+              "false entailment without the evidence (before / now) |", "|---|---|---|---|---|"]
+    for words, e in now["long"].items():
+        b = (before or {}).get("long", {}).get(words, {})
+        lines.append(f"| {words} | {e['premise_words']:.0f} | " + " | ".join(
+            f"{b.get(k, float('nan')):.3f} / {e.get(k, float('nan')):.3f}"
+            for k in ("accuracy", "entailment_kept", "false_entailment")) + " |")
+    return "\n".join(lines)
+
+
+def extra_data_text(t: dict[str, Any]) -> str:
+    """The model card's account of the generated training rows (``--extra-train``)."""
+    extra = t["data"].get("extra_train")
+    if not extra:
+        return ""
+    cats = ", ".join(f"{k} {v}" for k, v in extra["rows_per_category"].items())
+    return (f"\nPlus {extra['rows']:,} generated rows (`tools/default_model/answer_data.py`, seed 0, train part): "
+            f"{cats}. They are built from licensed text only: answers to the questions of NQ-open dev and "
+            "EfficientQA dev (Natural Questions data, CC BY-SA 3.0, Google: aliases, format variants, value swaps, "
+            "distractors of the same question type, more/less specific forms; bare, in one sentence and "
+            "question-aware), number swaps, digit/word variants and negations of the licensed sentences above, "
+            "synthetic unit conversions, and premises lengthened with unrelated mnli/dev_matched sentences (label "
+            "kept with the evidence; neutral without it). Distillation applies to the licensed NLI rows only.\n")
+
+
 def model_card(q: dict[str, Any], manifest: dict[str, Any]) -> str:
     """The model card: base model and licence, data and licences, recipe, accuracy per precision, known limits."""
     t = q["training"]
@@ -310,7 +376,7 @@ CPU, without torch. Output order: contradiction, neutral, entailment. For the be
 | source | rows |
 |---|---|
 {rows_md}
-
+{extra_data_text(t)}
 Licences: SNLI CC BY-SA 4.0; counterfactual SNLI edits (Apache-2.0 repository, SNLI text CC BY-SA 4.0); WANLI
 CC BY 4.0; MultiNLI dev (OANC-derived, free; some genres CC BY-SA 3.0 / CC BY 3.0). Checkpoints were selected on
 snli/dev; lingnli/val is reported as MNLI-style text the model never trained on (73% of its premises also occur in
@@ -340,6 +406,19 @@ fp32 max |Δp| {pv["fp32"]["max_abs_dprob"]:.2e}; INT8 max |Δp| {pv["int8"]["ma
 
 {recipe_text(q)}
 
+## Answers and documents (the job)
+The mission-shaped evaluation (`tools/default_model/mission_eval.py` on the test part of
+`tools/default_model/answer_data.py`: questions, sentences and snli/dev premises never trained on or used to choose
+anything). Value swaps count as flagged when P(contradiction) > 0.5 in either direction; meaning-keeping variants
+count when both directions are entailment (argmax); the AUROC ranks agreeing against disagreeing answer pairs by
+NCP's pair score 1 - (p_c(a, b) + p_c(b, a)) / 2. "before" is the model this one replaced.
+
+{mission_tables(q)}
+
+Question-aware inputs by default: {"yes" if q["question_aware"]["default"] else "no"} ({q["question_aware"]["rule"]};
+dev part, bare answers {json.dumps(q["question_aware"]["dev_bare"])}, question-aware
+{json.dumps(q["question_aware"]["dev_question"])}).
+
 ## Speed by CPU
 snli/dev (9,840 pairs) through the engine, tokenization and scheduling included, the engine's default CPU streams,
 best of 2 runs. Written by `tools/default_model/ship.py` (with the fp32 and plain dynamic INT8 graphs) and by
@@ -349,9 +428,11 @@ instruction set far more than on the clock.
 {speed_table(q)}
 
 ## Known limits
-- Trained on ~51k pairs of mostly SNLI-style captions: weaker on long, technical or multi-sentence text than
-  deberta-large-mnli; lingnli/val accuracy shows the gap on MNLI-style text.
-- English only; max 128 tokens in training (inference truncates at {manifest["max_length"]} tokens).
+- Trained on ~51k licensed NLI pairs (mostly SNLI-style captions) plus the generated answer and long-premise
+  rows: weaker on technical or multi-sentence text than deberta-large-mnli; lingnli/val accuracy shows the gap
+  on MNLI-style text. The categories above with the lowest figures are the answer types it still gets wrong most.
+- English only; trained on pairs of up to {t["args"]["max_length"]} tokens (inference truncates at
+  {manifest["max_length"]} tokens); documents longer than that need chunking.
 - Only the INT8 graph ships (an fp32 graph would add ~90 MB). The shipped recipe is slower than plain dynamic
   INT8 (`int8` vs `int8-dynamic` above): the price of the agreement with fp32 and of batch-invariant scores.
 - On x86-64 CPUs without VNNI (AVX2 only, e.g. AMD Zen 2/3) the INT8 products run on ONNX Runtime's exact U8U8
@@ -370,6 +451,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "fastnli" / "models" / "default")
     ap.add_argument("--quality", type=Path, default=QUALITY, help="where the quality records go (default: %(default)s)")
     ap.add_argument("--recipe", choices=sorted(RECIPES), default="static-fp16-embeddings", help="INT8 recipe")
+    ap.add_argument("--answers", type=Path, default=None,
+                    help="answer_data.py output (dev.jsonl, test.jsonl); default: built here with its defaults")
+    ap.add_argument("--previous-mission", type=Path, default=None,
+                    help="mission_eval.py --json of the model being replaced on the test part (default: measured "
+                    "here on the model at --out)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     logger.setLevel(logging.INFO)
@@ -414,6 +500,22 @@ def main() -> None:
             split: round(float(np.mean(evaluate(dyn, rows)[1] == preds[split]["fp32"])), 4)
             for split, rows in splits.items()}
         quality["order_shift"]["int8-dynamic"] = order_shift(dyn, snli[:ORDER_ROWS])
+    if args.answers is not None:
+        parts = {p: answer_data.read_jsonl(args.answers / f"{p}.jsonl") for p in ("dev", "test")}
+    else:
+        built = answer_data.build(args.data)
+        parts = {p: built[p] for p in ("dev", "test")}
+    quality["mission"] = {p: mission(engines["int8"], rows) for p, rows in parts.items()}
+    gate_slice = mission_eval.gate_rows(parts["test"], MISSION_GATE_EVERY)
+    quality["mission_gate"] = {"every_nth": MISSION_GATE_EVERY, "rows": len(gate_slice),
+                               "int8": mission(engines["int8"], gate_slice)["groups"]}
+    quality["question_aware"] = question_aware_decision(quality["mission"]["dev"])
+    if args.previous_mission is not None:
+        quality["mission_previous"] = {"test": json.loads(args.previous_mission.read_text())}
+    elif (args.out / MANIFEST_NAME).is_file():
+        quality["mission_previous"] = {"test": mission(NLIEngine.from_pretrained(args.out, device="cpu"),
+                                                       parts["test"])}
+    logger.info("mission (test part): %s", quality["mission"]["test"]["groups"])
     others = {p: eng for p, eng in engines.items() if p != "int8"}
     quality["cpu_runs"] = [cpu_run(engines["int8"], splits, quality["gate"], "ship_default_model.py", others,
                                    {split: preds[split]["int8"] for split in splits})]
@@ -430,6 +532,7 @@ def main() -> None:
     quality["probe_validation"] = {p: data["precisions"][p]["validation"] for p in ("fp32", "int8")}
     data["precisions"] = {"int8": data["precisions"]["int8"]}  # only the INT8 graph ships
     data["source"] = SHIPPED_SOURCE  # not the training directory the export read
+    data["question_format"] = QUESTION_FORMAT if quality["question_aware"]["default"] else None
     (out / MANIFEST_NAME).write_text(json.dumps(data, indent=2, sort_keys=True))
     a = training["args"]  # the selection text is rendered from the arguments, whatever the log says
     training["recipe"]["selection"] = selection_text(a["select_on"], a["eval_slice"], a["eval_every"])
