@@ -63,6 +63,38 @@ def test_scores_do_not_depend_on_the_batch(engine: NLIEngine) -> None:
                                np.concatenate([together[i:i + 3] for i in range(0, 600, 50)]), rtol=0, atol=1e-6)
 
 
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
+def test_mission_gate(engine: NLIEngine) -> None:
+    """Answers to one question and long premises: the shipped figures of the gate's slice of the test part."""
+    from tools.default_model import answer_data, mission_eval
+
+    gate = QUALITY["mission_gate"]
+    rows = mission_eval.gate_rows(answer_data.build(SHARED_DATA, long_train=0)["test"], gate["every_nth"])
+    assert len(rows) == gate["rows"]
+    groups = mission_eval.evaluate(rows, engine.predict([(r["premise"], r["hypothesis"]) for r in rows]))["groups"]
+    for form, figures in gate["int8"].items():
+        for key, value in figures.items():
+            assert abs(groups[form][key] - value) <= ACCURACY_MARGIN, (form, key, groups[form][key], value)
+
+
+def test_wrong_samples_lower_ncp_in_the_main_jobs_examples() -> None:
+    """examples/ncp.jsonl pairs each question's correct-only samples with samples holding a wrong answer: the
+    embedded model must give the second a lower NCP (the main job, bash scripts/main.sh, shows these rows)."""
+    from fastnli.scorers import score
+
+    rows = [json.loads(x) for x in (Path(__file__).resolve().parents[1] / "examples" / "ncp.jsonl").read_text()
+            .splitlines()]
+    cases: dict[str, dict[str, float]] = {}
+    result = score([r["response"] for r in rows], [r["sampled_responses"] for r in rows],
+                   prompts=[r["prompt"] for r in rows])
+    for r, s in zip(rows, result):
+        case, kind = r["case"].rsplit("/", 1)
+        cases.setdefault(case, {})[kind] = s.noncontradiction
+    assert len(cases) >= 4
+    for case, ncp in cases.items():
+        assert ncp["with-wrong"] < ncp["correct"], (case, ncp)
+
+
 def test_default_is_used_everywhere_without_torch(tmp_path: Path) -> None:
     """Engine, scorers and CLI with no model: the embedded one, and neither torch nor transformers is imported."""
     src = tmp_path / "in.jsonl"

@@ -37,7 +37,7 @@ def test_measure_records_this_cpu_once_and_renders_the_card(tmp_path: Path) -> N
     assert measure_default_model.main(argv) == 0
     assert measure_default_model.main(argv) == 0  # a second run of the same CPU replaces the first
     quality = json.loads((tmp_path / "quality.json").read_text())
-    ours = [r for r in quality["cpu_runs"] if r["by"] == "measure_default_model.py" and r["cpu"] == cpu_model_name()]
+    ours = [r for r in quality["cpu_runs"] if r["by"] == "tools/default_model/measure.py" and r["cpu"] == cpu_model_name()]
     assert len(ours) == 1
     run = ours[0]
     assert [r for r in quality["cpu_runs"] if r is not run] == [

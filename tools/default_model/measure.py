@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     quality = json.loads(quality_path.read_text())
     splits = {split: rows[: args.limit] for split, rows in load_splits(args.data, SPLITS).items()}
     engine = NLIEngine(args.model, device="cpu", precision="int8")
-    run = cpu_run(engine, splits, quality["gate"], "measure_default_model.py")
+    run = cpu_run(engine, splits, quality["gate"], "tools/default_model/measure.py")
     if args.limit is None:
         for split in SPLITS:
             shipped, now = quality["accuracy"][split]["int8"], run["accuracy_int8"][split]

@@ -333,6 +333,16 @@ def mission_tables(q: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def rebuild_text(t: dict[str, Any]) -> str:
+    """The model card's commands that rebuild the model from the shared data (and its teacher, if distilled)."""
+    if not t["data"].get("extra_train"):
+        return ""
+    return ("\nRebuild, from the repository root: `python -m tools.default_model.answer_data --out /tmp/answers` "
+            "(seed 0; the same rows byte for byte), then the training command above with `--extra-train "
+            "/tmp/answers/train.jsonl` and `--out /tmp/default-nli`, then `python -m tools.default_model.ship "
+            "--checkpoint /tmp/default-nli --answers /tmp/answers`.\n")
+
+
 def extra_data_text(t: dict[str, Any]) -> str:
     """The model card's account of the generated training rows (``--extra-train``)."""
     extra = t["data"].get("extra_train")
@@ -346,6 +356,26 @@ def extra_data_text(t: dict[str, Any]) -> str:
             "question-aware), number swaps, digit/word variants and negations of the licensed sentences above, "
             "synthetic unit conversions, and premises lengthened with unrelated mnli/dev_matched sentences (label "
             "kept with the evidence; neutral without it). Distillation applies to the licensed NLI rows only.\n")
+
+
+def mission_section(q: dict[str, Any]) -> str:
+    """The model card's section on the job (answers to one question, long premises); empty for records without it."""
+    if "mission" not in q:
+        return ""
+    return f"""## Answers and documents (the job)
+The mission-shaped evaluation (`tools/default_model/mission_eval.py` on the test part of
+`tools/default_model/answer_data.py`: questions, sentences and snli/dev premises never trained on or used to choose
+anything). Value swaps count as flagged when P(contradiction) > 0.5 in either direction; meaning-keeping variants
+count when both directions are entailment (argmax); the AUROC ranks agreeing against disagreeing answer pairs by
+NCP's pair score 1 - (p_c(a, b) + p_c(b, a)) / 2. "before" is the model this one replaced.
+
+{mission_tables(q)}
+
+Question-aware inputs by default: {"yes" if q["question_aware"]["default"] else "no"} ({q["question_aware"]["rule"]};
+dev part, bare answers {json.dumps(q["question_aware"]["dev_bare"])}, question-aware
+{json.dumps(q["question_aware"]["dev_question"])}).
+
+"""
 
 
 def model_card(q: dict[str, Any], manifest: dict[str, Any]) -> str:
@@ -387,6 +417,7 @@ mnli/dev_matched, so `lingnli/val[unseen-premise]` is given too).
 
 {json.dumps(t["recipe"], indent=1)}
 {distillation_text(t["recipe"].get("teacher_engine"))}
+{rebuild_text(t)}
 
 Stopped: {t["stop_reason"]}; best step {best["step"]} (epoch {best["epoch"]}); {wall_time_text(t)}
 on {t["platform"] if isinstance(t["platform"], str) else json.dumps(t["platform"])}.
@@ -406,20 +437,7 @@ fp32 max |Δp| {pv["fp32"]["max_abs_dprob"]:.2e}; INT8 max |Δp| {pv["int8"]["ma
 
 {recipe_text(q)}
 
-## Answers and documents (the job)
-The mission-shaped evaluation (`tools/default_model/mission_eval.py` on the test part of
-`tools/default_model/answer_data.py`: questions, sentences and snli/dev premises never trained on or used to choose
-anything). Value swaps count as flagged when P(contradiction) > 0.5 in either direction; meaning-keeping variants
-count when both directions are entailment (argmax); the AUROC ranks agreeing against disagreeing answer pairs by
-NCP's pair score 1 - (p_c(a, b) + p_c(b, a)) / 2. "before" is the model this one replaced.
-
-{mission_tables(q)}
-
-Question-aware inputs by default: {"yes" if q["question_aware"]["default"] else "no"} ({q["question_aware"]["rule"]};
-dev part, bare answers {json.dumps(q["question_aware"]["dev_bare"])}, question-aware
-{json.dumps(q["question_aware"]["dev_question"])}).
-
-## Speed by CPU
+{mission_section(q)}## Speed by CPU
 snli/dev (9,840 pairs) through the engine, tokenization and scheduling included, the engine's default CPU streams,
 best of 2 runs. Written by `tools/default_model/ship.py` (with the fp32 and plain dynamic INT8 graphs) and by
 `tools/default_model/measure.py`, which re-measures the shipped graph on another CPU. INT8 speed depends on the
@@ -517,7 +535,7 @@ def main() -> None:
                                                        parts["test"])}
     logger.info("mission (test part): %s", quality["mission"]["test"]["groups"])
     others = {p: eng for p, eng in engines.items() if p != "int8"}
-    quality["cpu_runs"] = [cpu_run(engines["int8"], splits, quality["gate"], "ship_default_model.py", others,
+    quality["cpu_runs"] = [cpu_run(engines["int8"], splits, quality["gate"], "tools/default_model/ship.py", others,
                                    {split: preds[split]["int8"] for split in splits})]
     logger.info("quality: %s", {k: v for k, v in quality.items() if k != "gate"})
 

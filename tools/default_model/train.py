@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-LOG = logging.getLogger("train_default_model")
+LOG = logging.getLogger("tools.default_model.train")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The shipped default model keeps its quality records beside this tool, out of the wheel.
