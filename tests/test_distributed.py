@@ -197,3 +197,26 @@ def test_share_artifact_refuses_a_precision_it_lacks(cluster, art_v1_fp32: Path)
 def test_write_scores_refuses_an_unknown_format(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=re.escape("cannot tell the format of")):
         write_scores(None, tmp_path / "out.txt")
+
+
+def test_actor_reads_answers_with_their_question_when_told(art_v1: Path) -> None:
+    """The actor itself (no cluster): with a question format each row's prompt goes in front of its answers, and the
+    scores equal fastnli.score's question-aware ones; without the column it refuses only when prompts are required."""
+    import pyarrow as pa
+
+    from fastnli.distributed.actor import NLIScorer
+    from fastnli.distributed.artifact import share_artifact
+    from fastnli.scorers.questions import QUESTION_FORMAT
+
+    shared = share_artifact(art_v1, ("fp32",), share="path")
+    table = pa.table({"response": ["1989", "Paris"], "sampled_responses": [["1991", "In 1989."], ["Lyon"]],
+                      "prompt": ["When did the Wall fall?", "Capital of France?"]})
+    actor = NLIScorer(shared, precision="fp32", question_format=QUESTION_FORMAT)
+    got = actor(table).column("noncontradiction").to_pylist()
+    lib = score(["1989", "Paris"], [["1991", "In 1989."], ["Lyon"]], engine=actor.engine,
+                prompts=["When did the Wall fall?", "Capital of France?"], question_aware=True)
+    assert got == lib.column("noncontradiction")
+    plain = NLIScorer(shared, precision="fp32", require_prompts=True)
+    with pytest.raises(ValueError, match=re.escape("question_aware=True needs a 'prompt' column (the question of "
+                                                   "each row); columns: ['response', 'sampled_responses']")):
+        plain(table.drop(["prompt"]))

@@ -23,6 +23,7 @@ from fastnli.scorers.api import SCORERS, score
 from fastnli.scorers.records import check_record, record_prompts
 
 logger = logging.getLogger("fastnli")
+QUESTION_AWARE = {"auto": None, "on": True, "off": False}  # --question-aware -> score(question_aware=...)
 
 
 def _read_csv(path: str | Path) -> list[dict[str, Any]]:
@@ -106,7 +107,7 @@ def _run_ray(args: argparse.Namespace, output: str, scorers: tuple[str, ...]) ->
     ds = score_dataset(args.input, args.model, scorers=scorers, use_best=args.use_best,
                        num_actors=_parse_actors(args.actors), num_cpus_per_actor=args.cpus_per_actor,
                        num_gpus_per_actor=args.gpus_per_actor, precision=args.precision, batch_rows=args.batch_rows,
-                       batch_policy=policy)
+                       batch_policy=policy, question_aware=QUESTION_AWARE[args.question_aware])
     n = write_scores(ds, output)
     logger.info("%d rows scored on Ray (%s actors) -> %s", n, args.actors, output)
     return 0
@@ -125,7 +126,7 @@ def _run(args: argparse.Namespace) -> int:
         return _run_ray(args, args.output, scorers)
     rows = read_score_input(args.input)
     prompts = record_prompts(rows, [f"{args.input}:{r['_line']}" for r in rows])
-    question_aware = {"auto": None, "on": True, "off": False}[args.question_aware]
+    question_aware = QUESTION_AWARE[args.question_aware]
     if question_aware is True and prompts is None:
         raise ValueError(f"--question-aware on needs a 'prompt' field (the question) in every record of {args.input}")
     engine = engine_from_args(args)

@@ -16,6 +16,7 @@ from fastnli.distributed.artifact import SharedArtifact
 from fastnli.engine import BatchPolicy, NLIEngine, SessionConfig
 from fastnli.engine.engine import DeviceArg, PrecisionArg
 from fastnli.scorers.api import plan_scores, score_rows
+from fastnli.scorers.questions import QUESTION_FORMAT
 from fastnli.scorers.records import check_record
 
 logger = logging.getLogger("fastnli")
@@ -39,6 +40,10 @@ class NLIScorer:
             graph (:func:`fastnli.engine.session.cpu_streams`), so an actor never runs more threads than it has.
         scorers, use_best, max_length: as :func:`fastnli.score`.
         response_column, samples_column: the input columns (a string, and a list of strings).
+        prompt_column, question_format: with a ``question_format`` (decided on the driver, as
+            :func:`fastnli.scorers.questions.resolve_question_format`), each response is read as an answer to its
+            row's ``prompt_column`` question; a batch without that column is scored on the answers alone unless
+            ``require_prompts``.
         id_column: a column whose value names a row in error messages (default: the row's place in its batch).
         batch_policy: the engine's batch policy (default: the device's).
     """
@@ -47,7 +52,8 @@ class NLIScorer:
                  threads: int = 1, scorers: Sequence[str] = ("noncontradiction",), use_best: bool = False,
                  max_length: int | None = 2000, response_column: str = "response",
                  samples_column: str = "sampled_responses", id_column: str | None = None,
-                 batch_policy: BatchPolicy | None = None) -> None:
+                 batch_policy: BatchPolicy | None = None, prompt_column: str = "prompt",
+                 question_format: str | None = None, require_prompts: bool = False) -> None:
         self.engine = NLIEngine(artifact.open(), device=device, precision=precision, batch_policy=batch_policy,
                                 session_config=SessionConfig(intra_op_threads=threads))
         self.scorers = tuple(scorers)
@@ -56,6 +62,9 @@ class NLIScorer:
         self.response_column = response_column
         self.samples_column = samples_column
         self.id_column = id_column
+        self.prompt_column = prompt_column
+        self.question_format = question_format
+        self.require_prompts = require_prompts
         self.columns = output_columns(self.scorers, use_best)
         logger.info("Ray actor engine ready: %r", self.engine)
 
@@ -79,7 +88,18 @@ class NLIScorer:
         for i, (r, s) in enumerate(zip(responses, samples)):
             check_record({self.response_column: r, self.samples_column: s}, self._where(table, i, r),
                          self.response_column, self.samples_column)
-        plan = plan_scores(responses, samples, self.scorers, use_best=self.use_best, max_length=self.max_length)
+        questions = None
+        if self.question_format is not None and self.prompt_column in table.column_names:
+            questions = table.column(self.prompt_column).to_pylist()
+            for i, (r, q) in enumerate(zip(responses, questions)):
+                if not isinstance(q, str):
+                    raise ValueError(f"{self._where(table, i, r)}: field {self.prompt_column!r} must be a string (the "
+                                     f"question), got {type(q).__name__}")
+        elif self.require_prompts:
+            raise ValueError(f"question_aware=True needs a {self.prompt_column!r} column (the question of each row); "
+                             f"columns: {table.column_names}")
+        plan = plan_scores(responses, samples, self.scorers, use_best=self.use_best, max_length=self.max_length,
+                           questions=questions, question_format=self.question_format or QUESTION_FORMAT)
         probs, stats = self.engine.predict_with_stats(plan.pairs)
         rows = score_rows(plan, probs)
         logger.debug("batch of %d rows: %d pairs, %d unique, %.2f s", len(rows), stats.pairs_in, stats.unique_pairs,

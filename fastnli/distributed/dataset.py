@@ -22,6 +22,7 @@ from fastnli.distributed.artifact import ShareArg, share_artifact
 from fastnli.engine import BatchPolicy, cpu_auto_precision, read_manifest, resolve_artifact
 from fastnli.engine.engine import PrecisionArg
 from fastnli.scorers.api import UQLM_MAX_LENGTH, check_max_length, check_scorers
+from fastnli.scorers.questions import resolve_question_format
 
 logger = logging.getLogger("fastnli")
 
@@ -109,6 +110,8 @@ def score_dataset(
     response_column: str = "response",
     samples_column: str = "sampled_responses",
     id_column: str | None = None,
+    prompt_column: str = "prompt",
+    question_aware: bool | None = None,
     preserve_order: bool = True,
     share: ShareArg = "auto",
     cache_dir: str | Path | None = None,
@@ -133,6 +136,9 @@ def score_dataset(
         batch_policy: the engine's batch policy (default: the device's).
         response_column, samples_column: the input column names.
         id_column: a column that names rows in error messages; keep one to join results by key.
+        prompt_column, question_aware: the question of each row, and whether the model reads each answer with it
+            (as :func:`fastnli.score`'s ``prompts`` and ``question_aware``: by default where the model was trained
+            question-aware and the dataset has the column).
         preserve_order: keep the input's row order (default True; sets ``preserve_order`` in the execution options
             of the dataset's ``DataContext``, shared with the datasets it derives from).
         share: how the artifact reaches the actors: ``"auto"`` (default), ``"path"`` or ``"object_store"``
@@ -197,6 +203,11 @@ def score_dataset(
         clash = [c for c in output_columns(scorer_set, use_best) if c in names]
         if clash:
             raise ValueError(f"the dataset already has the output column(s) {clash}; rename or drop them first")
+        if question_aware is True and prompt_column not in names:
+            raise ValueError(f"question_aware=True needs a {prompt_column!r} column (the question of each row); "
+                             f"columns: {names}")
+    question_format = None if question_aware is False else resolve_question_format(
+        question_aware, [""], manifest.question_format)
     if preserve_order:
         ds.context.execution_options.preserve_order = True
 
@@ -225,6 +236,9 @@ def score_dataset(
             "samples_column": samples_column,
             "id_column": id_column,
             "batch_policy": batch_policy,
+            "prompt_column": prompt_column,
+            "question_format": question_format,
+            "require_prompts": question_aware is True,
         },
         **kwargs,
     )
