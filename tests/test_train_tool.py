@@ -171,3 +171,18 @@ def test_resume_refuses_other_recipe_arguments_and_a_missing_state(quiet_main, t
     assert quiet_main(_tiny_run(ckpt_bert, out, "--stop-after-steps", "3")) == 0
     with pytest.raises(SystemExit, match=r"written with other arguments: --lr 0\.0001 \(now 0\.0002\); resume with"):
         quiet_main(_tiny_run(ckpt_bert, out, "--resume", "--lr", "2e-4"))
+
+
+def test_extra_rows_join_the_training_data_and_the_log(quiet_main, tool, ckpt_bert, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    extra = tmp_path / "extra.jsonl"
+    rows = [{"premise": "1989", "hypothesis": "1991", "label": "contradiction", "source": "answers/qa",
+             "category": "year_swap"}, {"premise": "In 1989.", "hypothesis": "1989", "label": "entailment",
+                                        "source": "answers/qa", "category": "format_variant"}]
+    extra.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = _tiny_run(ckpt_bert, tmp_path / "run", "--extra-train", str(extra), "--epochs", "1")
+    assert quiet_main(args) == 0
+    log = json.loads((tmp_path / "run" / "training_log.json").read_text())
+    assert log["args"]["extra_train"] == [str(extra)]  # paths inside lists are written as strings
+    assert log["data"]["extra_train"]["rows"] == 2
+    assert log["data"]["extra_train"]["rows_per_category"] == {"format_variant": 1, "year_swap": 1}
+    assert log["data"]["train_rows_used"] == 98

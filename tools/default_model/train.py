@@ -701,6 +701,15 @@ class StopFlag:
         signal.signal(signal.SIGINT, handler)
 
 
+def json_safe(value: Any) -> Any:
+    """An argument value as JSON: paths (also inside lists, e.g. ``--extra-train``) as strings."""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def recipe_arguments(args: argparse.Namespace) -> dict[str, Any]:
     """The arguments that decide what a run computes (all but :data:`OPERATIONAL_ARGS`), JSON-ready."""
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in sorted(vars(args).items())
@@ -1092,7 +1101,7 @@ def main(argv: list[str] | None = None) -> int:
     log = {
         "task": "3-way NLI cross-encoder (fastnli embedded default model)",
         "labels": list(LABELS),
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "args": {k: json_safe(v) for k, v in vars(args).items()},
         "command": command,
         "base_model": {
             "path": str(base),
