@@ -28,6 +28,7 @@ from fastnli.engine.session import (
     cpu_streams,
     create_session,
     cuda_listed,
+    gpu_present,
     is_device_error,
     session_model,
 )
@@ -262,7 +263,9 @@ class NLIEngine:
             name_or_dir: an export artifact directory, a local HF checkpoint directory or a HF hub id (a checkpoint
                 is exported once into the cache, see :func:`cache_root`).
             device: ``"auto"`` (CUDA when its provider loads, else CPU — default), ``"cuda"`` or ``"cpu"``. When
-                CUDA cannot load or a GPU run fails, the engine logs one warning and continues on CPU.
+                CUDA cannot load or a GPU run fails, the engine logs one warning and continues on CPU; ``"auto"``
+                on a machine without a GPU (:func:`~fastnli.engine.session.gpu_present`) picks the CPU with an INFO
+                line instead.
             precision: ``"auto"`` (default: FP16 on CUDA; on CPU INT8 when the manifest's INT8 argmax agreement is
                 at least :data:`INT8_MIN_AGREEMENT`, else fp32), or ``"fp32"``, ``"fp16"``, ``"int8"``.
             batch_policy: token budget and row cap per batch (default :data:`CPU_POLICY` or :data:`CUDA_POLICY`).
@@ -305,24 +308,36 @@ class NLIEngine:
         return cpu_precision_choice(self.manifest, self.embedded)
 
     def _open(self, device: str, precision: str) -> None:
-        want_cuda = device == "cuda" or (device == "auto" and cuda_listed())
-        if want_cuda:
-            prec = precision if precision != "auto" else next(
-                p for p in ("fp16", "fp32", "int8") if p in self.manifest.precisions)
-            session, used = create_session(self._graph(prec), "cuda", self._session_config)
-            if used == "cuda":
-                why = "auto on CUDA: the FP16 graph first" if precision == "auto" else \
-                    f"asked for (precision={precision!r})"
-                self._set_sessions([session], "cuda", prec, reason=why)
-                return
+        listed = cuda_listed()
+        if device == "cuda" or (device == "auto" and listed):
             cpu_prec, cpu_reason = self._cpu_precision(precision)
-            logger.warning("device=%r: the CUDA execution provider could not be loaded (onnxruntime-gpu needs the "
-                           "CUDA and cuDNN libraries of its build, and a GPU); falling back to CPU with precision "
-                           "%s", device, cpu_prec)
-            self.fallbacks += 1
+            if not listed:  # plain onnxruntime: no CUDA provider to try
+                reason = "this onnxruntime build has no CUDA execution provider (install onnxruntime-gpu instead of " \
+                    "onnxruntime: docs/engine.md)"
+            else:
+                prec = precision if precision != "auto" else next(
+                    p for p in ("fp16", "fp32", "int8") if p in self.manifest.precisions)
+                session, used = create_session(self._graph(prec), "cuda", self._session_config)
+                if used == "cuda":
+                    why = "auto on CUDA: the FP16 graph first" if precision == "auto" else \
+                        f"asked for (precision={precision!r})"
+                    self._set_sessions([session], "cuda", prec, reason=why)
+                    return
+                reason = "the CUDA execution provider could not be loaded (onnxruntime-gpu needs the CUDA and cuDNN " \
+                    "libraries of its build, and a GPU)"
+            if device == "auto" and not gpu_present():
+                # the normal path of a CPU-only machine with onnxruntime-gpu installed: not worth a warning
+                logger.info("device='auto': no GPU found, running on CPU with precision %s", cpu_prec)
+            else:
+                logger.warning("device=%r: %s; falling back to CPU with precision %s", device, reason, cpu_prec)
+                self.fallbacks += 1
             self._open_cpu(cpu_prec, cpu_reason)
             return
-        self._open_cpu(*self._cpu_precision(precision))
+        prec, why = self._cpu_precision(precision)
+        if device == "auto":
+            logger.info("device='auto': this onnxruntime build has no CUDA execution provider, running on CPU with "
+                        "precision %s", prec)
+        self._open_cpu(prec, why)
 
     def _open_cpu(self, precision: str, reason: str) -> None:
         graph = self._graph(precision)
