@@ -335,7 +335,8 @@ def score(
         resolve_question_format(question_aware, prompts, None)  # raises, naming the fix
     if engine is None:
         engine = default_engine()
-    fmt = resolve_question_format(question_aware, prompts, getattr(engine.manifest, "question_format", None))
+    fmt = resolve_question_format(question_aware, prompts,
+                                  getattr(getattr(engine, "manifest", None), "question_format", None))
     plan = _build_plan(responses, sampled_responses, scorer_set, use_best, return_matrix, max_length,
                        prompts if fmt else None, fmt or QUESTION_FORMAT)
     probs, stats = engine.predict_with_stats(plan.pairs, progress)  # the one scheduled engine pass
