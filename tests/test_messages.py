@@ -210,6 +210,18 @@ def test_score_use_best_without_semantic_scorer_warns(caplog: pytest.LogCaptureF
                         "so each response is scored as given (uqlm's BlackBoxUQ ignores it the same way)"]
 
 
+def test_use_best_example_of_the_docs() -> None:
+    """docs/scorers.md: with a semantic scorer, use_best=True scores the cluster lead ("Paris") against the other
+    texts, as uqlm's BlackBoxUQ (default use_best=True); the default scores "Lyon" as given."""
+    args = {"responses": ["Lyon"], "sampled_responses": [["Paris", "Paris", "Paris, France"]],
+            "scorers": ("noncontradiction", "semantic_negentropy")}
+    plain, best = fastnli.score(**args)[0], fastnli.score(**args, use_best=True)[0]  # type: ignore[arg-type]
+    swapped = fastnli.score(["Paris"], [["Lyon", "Paris", "Paris, France"]])[0]
+    assert plain.best_response is None and best.best_response == "Paris"
+    assert best.noncontradiction == pytest.approx(swapped.noncontradiction, abs=1e-6)
+    assert best.noncontradiction > plain.noncontradiction  # type: ignore[operator]
+
+
 def test_predict_lines_carry_the_label(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out.jsonl"
     assert main(["predict", str(REPO / "examples" / "pairs.jsonl"), "-o", str(out), "--device", "cpu"]) == 0
