@@ -319,8 +319,8 @@ class NLIEngine:
                     p for p in ("fp16", "fp32", "int8") if p in self.manifest.precisions)
                 session, used = create_session(self._graph(prec), "cuda", self._session_config)
                 if used == "cuda":
-                    why = "auto on CUDA: the FP16 graph first" if precision == "auto" else \
-                        f"asked for (precision={precision!r})"
+                    why = "auto on CUDA: the first of fp16, fp32, int8 in the artifact" if precision == "auto" \
+                        else f"asked for (precision={precision!r})"
                     self._set_sessions([session], "cuda", prec, reason=why)
                     return
                 reason = "the CUDA execution provider could not be loaded (onnxruntime-gpu needs the CUDA and cuDNN " \
