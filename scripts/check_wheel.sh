@@ -18,7 +18,8 @@ lic = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
 assert lic and b"Apache License" in zipfile.ZipFile(sys.argv[1]).read(lic[0]), "the wheel carries no LICENSE"
 print(f"wheel contents OK: {len(names)} files, all under fastnli/, LICENSE in {lic[0]}")
 PYEOF
-tar -tzf dist/*.tar.gz | grep -qx 'fastnli-[^/]*/LICENSE' || { echo "the sdist carries no LICENSE" >&2; exit 1; }
+# (grep without -q reads the whole listing: an early exit would kill tar with SIGPIPE and fail the pipe)
+tar -tzf dist/*.tar.gz | grep -x 'fastnli-[^/]*/LICENSE' >/dev/null || { echo "the sdist carries no LICENSE" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 .venv/bin/python -m fastnli checkpoint "$tmp/ck" >/dev/null
