@@ -14,8 +14,12 @@ banned = ("benchmark", "synthetic", "quality.json", "tools", "bench", "tests")
 found = [n for n in names if any(b in part for part in n.split("/") for b in banned)]
 assert not found, f"the wheel ships equipment that belongs beside the package: {found}"
 assert all(n.startswith(("fastnli/", "fastnli-")) for n in names), [n for n in names if not n.startswith("fastnli")]
-print(f"wheel contents OK: {len(names)} files, all under fastnli/")
+lic = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+assert lic and b"Apache License" in zipfile.ZipFile(sys.argv[1]).read(lic[0]), "the wheel carries no LICENSE"
+print(f"wheel contents OK: {len(names)} files, all under fastnli/, LICENSE in {lic[0]}")
 PYEOF
+# (grep without -q reads the whole listing: an early exit would kill tar with SIGPIPE and fail the pipe)
+tar -tzf dist/*.tar.gz | grep -x 'fastnli-[^/]*/LICENSE' >/dev/null || { echo "the sdist carries no LICENSE" >&2; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 .venv/bin/python -m fastnli checkpoint "$tmp/ck" >/dev/null

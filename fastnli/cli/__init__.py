@@ -12,16 +12,22 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from fastnli._version import __version__
 from fastnli.cli import calm, export, predict, score, serve
 from fastnli.cli.common import console, setup_logging
 
 __all__ = ["build_parser", "main"]
 
+#: ``fastnli --help``'s description: plain text (the module docstring is reStructuredText).
+DESCRIPTION = ("fastnli: fast NLI consistency checks of LLM output. Commands: export, checkpoint, predict, info, "
+               "score, calm, alce, serve; `fastnli COMMAND --help` for each.")
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``fastnli`` argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="fastnli", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(prog="fastnli", description=DESCRIPTION)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"fastnli {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in (export, predict, score, calm, serve):
         module.add_parser(sub)
@@ -36,7 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, ImportError) as exc:
-        console(stderr=True).print(f"[red]error:[/red] {exc}")
+        from rich.markup import escape
+
+        # escape: rich would read "[serve]" in "pip install 'fastnli[serve]'" as markup and drop it
+        console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         return 2
 
 

@@ -9,6 +9,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from fastnli.cli.common import console
 
 
@@ -34,7 +36,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     manifest = export(args.model, args.out, precisions=precisions, opset=args.opset, validate=not args.no_validate,
                       int8_recipe=INT8_RECIPES[args.int8_recipe])
     print_manifest(manifest)
-    console().print(f"artifact: {Path(args.out).resolve()}")
+    console().print(f"artifact: {escape(str(Path(args.out).resolve()))}")
     return 0
 
 
@@ -42,7 +44,7 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
     from fastnli.exporter.checkpoint import build_checkpoint
 
     path = build_checkpoint(args.out, arch=args.arch, size=args.size, seed=args.seed, label_order=args.label_order)
-    console().print(f"seeded {args.arch}/{args.size} checkpoint written to {path}")
+    console().print(f"seeded {args.arch}/{args.size} checkpoint written to {escape(str(path))}")
     return 0
 
 
@@ -62,10 +64,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    "blockwise MatMulNBits) or blockwise (every MatMul: scores independent of the batch, slowest)")
     p.set_defaults(func=_cmd_export)
 
-    p = sub.add_parser("checkpoint", help="build a seeded random DeBERTa (or BERT) checkpoint locally (no hub)")
-    p.add_argument("out")
-    p.add_argument("--arch", default="deberta", choices=["deberta", "deberta-v2", "bert"])
-    p.add_argument("--size", default="tiny", choices=["tiny", "base", "large"])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--label-order", default="cne", choices=["cne", "cen", "enc"])
+    p = sub.add_parser("checkpoint", help="build a seeded random DeBERTa (or BERT) checkpoint locally (no hub)",
+                       description="Build a HF checkpoint with a real architecture and seeded random weights (its "
+                       "probabilities are meaningless; its compute is the real model's), for tests and benchmarks. "
+                       "Needs the export extra: pip install 'fastnli[export]'.")
+    p.add_argument("out", help="checkpoint directory to write (config.json, weights, tokenizer)")
+    p.add_argument("--arch", default="deberta", choices=["deberta", "deberta-v2", "bert"],
+                   help="deberta (default: DeBERTa v1 as microsoft/deberta-large-mnli), deberta-v2 (DeBERTa-v2/v3) "
+                   "or bert (as the embedded default model)")
+    p.add_argument("--size", default="tiny", choices=["tiny", "base", "large"],
+                   help="tiny (default: 2 layers, hidden 32, seconds to build), base (12 layers, hidden 768) or "
+                   "large (24 layers, hidden 1024: deberta-large-mnli shaped)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights (default 0): same seed, same checkpoint")
+    p.add_argument("--label-order", default="cne", choices=["cne", "cen", "enc"],
+                   help="id2label order: cne (default: contradiction, neutral, entailment as deberta-large-mnli), "
+                   "cen or enc (orders seen on the hub)")
     p.set_defaults(func=_cmd_checkpoint)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from rich.markup import escape
+
 from fastnli.cli.common import add_engine_arguments, console, engine_from_args, read_jsonl, write_jsonl
 from fastnli.cli.export import print_manifest
 
@@ -22,7 +24,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     engine = engine_from_args(args)
     probs, stats = engine.predict_with_stats(pairs)
     write_jsonl(args.output, ({**{k: v for k, v in r.items() if k != "_line"},
-                              **{lab: float(x) for lab, x in zip(engine.labels, p)}} for r, p in zip(rows, probs)))
+                              **{lab: float(x) for lab, x in zip(engine.labels, p)},
+                              "label": engine.labels[int(p.argmax())]} for r, p in zip(rows, probs)))
     logger.info("%d pairs (%d unique) in %.2f s on %s/%s, padding efficiency %.3f", stats.pairs_in,
                 stats.unique_pairs, stats.seconds, engine.device, engine.precision, stats.padding_efficiency)
     return 0
@@ -31,18 +34,21 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 def _cmd_info(args: argparse.Namespace) -> int:
     engine = engine_from_args(args)
     print_manifest(engine.manifest)
-    console().print(repr(engine))
+    out = console()
+    out.print(escape(repr(engine)))
+    out.print(escape(f"precision {engine.precision}: {engine.precision_reason}"), soft_wrap=True)
     return 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``fastnli predict`` and ``fastnli info`` to the subcommands."""
-    p = sub.add_parser("predict", help="NLI probabilities for a JSONL file of {premise, hypothesis} lines")
+    p = sub.add_parser("predict", help="NLI probabilities for a JSONL file of {premise, hypothesis} lines; each "
+                       "output line adds contradiction, neutral, entailment and label (the most probable)")
     p.add_argument("input")
     p.add_argument("-o", "--output", default=None, help="output JSONL (default: stdout)")
     add_engine_arguments(p)
     p.set_defaults(func=_cmd_predict)
 
-    p = sub.add_parser("info", help="show an artifact's manifest and the device/precision the engine picks")
+    p = sub.add_parser("info", help="show an artifact's manifest and the device/precision the engine picks, and why")
     add_engine_arguments(p)
     p.set_defaults(func=_cmd_info)

@@ -69,7 +69,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", default=None, help="output JSONL (default: stdout)")
     p.add_argument("--scorers", default="noncontradiction",
                    help=f"comma-separated, from {','.join(SCORERS)} (default: noncontradiction)")
-    p.add_argument("--use-best", action="store_true", help="uqlm's use_best (with a semantic scorer)")
+    p.add_argument("--use-best", action="store_true",
+                   help="uqlm's use_best: score the lead response of the most probable semantic cluster instead of "
+                   "the response given (needs a semantic scorer; default off, as fastnli.score; uqlm's BlackBoxUQ "
+                   "defaults to on)")
     p.add_argument("--question-aware", choices=["auto", "on", "off"], default="auto",
                    help="read each answer as an answer to its record's 'prompt': auto (default) where the model was "
                    "trained so (the embedded default model), on for any model, off for uqlm's exact inputs")
@@ -113,13 +116,28 @@ def _run_ray(args: argparse.Namespace, output: str, scorers: tuple[str, ...]) ->
     return 0
 
 
+def _parse_scorers(text: str, use_best: bool) -> tuple[str, ...]:
+    """``--scorers`` as names; ValueError for an unknown name, or for ``--use-best`` without a semantic scorer."""
+    scorers = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    bad = [s for s in scorers if s not in SCORERS]
+    if bad or not scorers:
+        raise ValueError(f"--scorers {text!r}: unknown {', '.join(bad) or '(none given)'}; choose from "
+                         f"{','.join(SCORERS)}")
+    semantic = [s for s in SCORERS if s.startswith("semantic_")]
+    if use_best and not set(semantic) & set(scorers):
+        raise ValueError(f"--use-best needs a semantic scorer ({' or '.join(semantic)}) in --scorers: the best "
+                         "response is picked from the semantic clusters; add one (e.g. --scorers "
+                         f"{scorers[0]},semantic_negentropy) or drop --use-best")
+    return scorers
+
+
 def _run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     if args.output_file is not None and args.output is not None:
         raise ValueError("give the output once: as OUTPUT or as -o, not both")
     args.output = args.output or args.output_file
-    scorers = tuple(s.strip() for s in args.scorers.split(",") if s.strip())
+    scorers = _parse_scorers(args.scorers, args.use_best)  # before any file is read or model loaded
     if args.ray is not None:
         if args.output is None:
             raise ValueError("--ray needs an output file (OUTPUT or -o), .jsonl or .parquet")

@@ -20,7 +20,7 @@ import numpy as np
 from fastnli._env import env_str
 from fastnli.engine.batches import CPU_POLICY, CUDA_POLICY, BatchPolicy, RunStats, score_unique
 from fastnli.engine.labels import CANONICAL_LABELS
-from fastnli.engine.manifest import PRECISIONS, Manifest, checkpoint_hash, read_manifest
+from fastnli.engine.manifest import PRECISIONS, Manifest, check_local_path, checkpoint_hash, read_manifest
 from fastnli.engine.result_cache import ResultCache
 from fastnli.engine.session import (
     Device,
@@ -28,6 +28,7 @@ from fastnli.engine.session import (
     cpu_streams,
     create_session,
     cuda_listed,
+    gpu_present,
     is_device_error,
     session_model,
 )
@@ -86,7 +87,13 @@ def resolve_artifact(name_or_dir: str | Path, cache_dir: str | Path | None = Non
 
     Accepts an artifact directory (holds ``manifest.json``), a local HF checkpoint directory, or a HF hub id. A
     checkpoint is exported into ``<cache>/artifacts/<hash of its config+weights+tokenizer>`` and reused afterwards.
+
+    Raises:
+        FileNotFoundError: when ``name_or_dir`` reads as a local path (``./dir``, ``/abs/dir``, ``~/dir``) that does
+            not exist (:func:`~fastnli.engine.manifest.check_local_path`), or is a directory that is neither an
+            artifact nor a checkpoint.
     """
+    check_local_path(name_or_dir)
     path = Path(name_or_dir).expanduser()
     if path.is_dir() and (path / "manifest.json").is_file():
         return path
@@ -106,19 +113,79 @@ def resolve_artifact(name_or_dir: str | Path, cache_dir: str | Path | None = Non
     return target
 
 
+#: Why the embedded default model runs INT8 although its probe row may read below :data:`INT8_MIN_AGREEMENT`: its
+#: gate is its quality records (measured on held-out NLI and answer data), not the 24-pair probe set.
+EMBEDDED_INT8_REASON = ("the embedded model's shipped precision (quality gate: tools/default_model/quality.json / "
+                        "MODEL_CARD.md)")
+
+
+def _int8_agreement(manifest: Manifest) -> float | None:
+    entry = manifest.precisions.get("int8")
+    return entry.validation.argmax_agreement if entry is not None and entry.validation is not None else None
+
+
+def cpu_precision_choice(manifest: Manifest, embedded: bool = False) -> tuple[str, str]:
+    """``(precision, reason)``: the graph ``precision="auto"`` runs on CPU and why, in words.
+
+    INT8 when its measured argmax agreement with fp32 on the probe set passes :data:`INT8_MIN_AGREEMENT`, or when
+    the artifact ships no fp32 graph (``embedded``: the embedded default model, whose gate is its quality records,
+    :data:`EMBEDDED_INT8_REASON`); else fp32.
+    """
+    names = manifest.precisions
+    agreement = _int8_agreement(manifest)
+    gate = f"{INT8_MIN_AGREEMENT:.0%} gate (fastnli.engine.INT8_MIN_AGREEMENT)"
+    if "int8" in names:
+        if embedded:
+            return "int8", EMBEDDED_INT8_REASON
+        if "fp32" not in names:
+            return "int8", "the artifact's only CPU graph (it has no fp32 graph)"
+        if agreement is not None and agreement >= INT8_MIN_AGREEMENT:
+            return "int8", f"the INT8 graph's argmax agreement with fp32 on the probe set is {agreement:.4f} " \
+                f"({agreement:.1%}), at least the {gate}"
+        if agreement is None:
+            return "fp32", f"picked over int8: the INT8 graph has no validation figures (exported with " \
+                f"--no-validate), so it cannot pass the {gate}; precision int8 runs it anyway"
+        return "fp32", f"picked over int8: the INT8 graph's argmax agreement with fp32 on the probe set is " \
+            f"{agreement:.4f} ({agreement:.1%}), below the {gate}; precision int8 runs it anyway"
+    if "fp32" in names:
+        return "fp32", "the artifact has no INT8 graph"
+    first = next(iter(names))
+    return first, "the artifact's only graph"
+
+
 def cpu_auto_precision(manifest: Manifest) -> str:
     """The graph ``precision="auto"`` runs on CPU: INT8 when its measured agreement passes
-    :data:`INT8_MIN_AGREEMENT` (or the artifact ships no fp32 graph, as the embedded default model), else fp32."""
-    entry = manifest.precisions.get("int8")
-    if entry and ("fp32" not in manifest.precisions or (
-            entry.validation and entry.validation.argmax_agreement >= INT8_MIN_AGREEMENT)):
-        return "int8"
-    return "fp32" if "fp32" in manifest.precisions else next(iter(manifest.precisions))
+    :data:`INT8_MIN_AGREEMENT` (or the artifact ships no fp32 graph, as the embedded default model), else fp32
+    (see :func:`cpu_precision_choice` for the reason in words)."""
+    return cpu_precision_choice(manifest)[0]
+
+
+def _is_embedded(artifact_dir: Path) -> bool:
+    """True when ``artifact_dir`` is the embedded default model's directory."""
+    from fastnli.default_model import DEFAULT_MODEL_DIR
+
+    try:
+        return artifact_dir.resolve() == DEFAULT_MODEL_DIR.resolve()
+    except OSError:
+        return False
+
+
+def _check_utf8(text: str, where: str) -> None:
+    """Raise ValueError naming ``where`` when ``text`` holds a lone surrogate (not encodable as UTF-8)."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{where} is not valid UTF-8 text (lone surrogate at position {exc.start}); decode the "
+                         "source bytes with errors='replace' (or remove the character) before scoring") from None
 
 
 def _validate_pairs(pairs: Any) -> tuple[list[str], list[str], bool]:
     """Check ``pairs`` and split it; returns ``(premises, hypotheses, was_single_pair)``."""
     if isinstance(pairs, tuple) and len(pairs) == 2 and all(isinstance(x, str) for x in pairs):
+        _check_utf8(pairs[0], "pairs[0] (premise)")
+        _check_utf8(pairs[1], "pairs[1] (hypothesis)")
         return [pairs[0]], [pairs[1]], True
     if pairs is None or isinstance(pairs, (str, bytes)) or not isinstance(pairs, Sequence):
         raise TypeError(f"pairs must be a list of (premise, hypothesis) string pairs; got {type(pairs).__name__}")
@@ -133,6 +200,7 @@ def _validate_pairs(pairs: Any) -> tuple[list[str], list[str], bool]:
         for j, field in enumerate(("premise", "hypothesis")):
             if not isinstance(pair[j], str):
                 raise TypeError(f"pairs[{i}][{j}] ({field}) must be str; got {type(pair[j]).__name__}")
+            _check_utf8(pair[j], f"pairs[{i}][{j}] ({field})")
         premises.append(pair[0])
         hypotheses.append(pair[1])
     return premises, hypotheses, False
@@ -149,6 +217,9 @@ class NLIEngine:
         exact_int8: whether the INT8 graph runs on ORT's exact U8U8 kernels (uint8 weights, see
             :attr:`fastnli.engine.session.SessionConfig.exact_int8`); False for other graphs and devices.
         manifest: the artifact's manifest (source, versions, validation figures).
+        precision_reason: why :attr:`precision` was picked, in words (``fastnli info`` prints it), e.g. ``"picked
+            over int8: the INT8 graph's argmax agreement with fp32 on the probe set is 0.9440 (94.4%), below the 98%
+            gate ..."``.
         last_stats: counters of the latest :meth:`predict` call.
     """
 
@@ -169,6 +240,9 @@ class NLIEngine:
         self._lock = threading.Lock()
         self.fallbacks = 0
         self.last_stats = CallStats()
+        self.embedded = _is_embedded(self.artifact_dir)
+        if precision == "int8":
+            self._warn_int8_below_gate()
         self._open(device, precision)
 
     # -- construction -------------------------------------------------------------------------------------------
@@ -189,7 +263,9 @@ class NLIEngine:
             name_or_dir: an export artifact directory, a local HF checkpoint directory or a HF hub id (a checkpoint
                 is exported once into the cache, see :func:`cache_root`).
             device: ``"auto"`` (CUDA when its provider loads, else CPU — default), ``"cuda"`` or ``"cpu"``. When
-                CUDA cannot load or a GPU run fails, the engine logs one warning and continues on CPU.
+                CUDA cannot load or a GPU run fails, the engine logs one warning and continues on CPU; ``"auto"``
+                on a machine without a GPU (:func:`~fastnli.engine.session.gpu_present`) picks the CPU with an INFO
+                line instead.
             precision: ``"auto"`` (default: FP16 on CUDA; on CPU INT8 when the manifest's INT8 argmax agreement is
                 at least :data:`INT8_MIN_AGREEMENT`, else fp32), or ``"fp32"``, ``"fp16"``, ``"int8"``.
             batch_policy: token budget and row cap per batch (default :data:`CPU_POLICY` or :data:`CUDA_POLICY`).
@@ -213,35 +289,69 @@ class NLIEngine:
                              f"{sorted(self.manifest.precisions)}); re-export with that precision")
         return self.artifact_dir / self.manifest.precisions[precision].file
 
-    def _open(self, device: str, precision: str) -> None:
-        want_cuda = device == "cuda" or (device == "auto" and cuda_listed())
-        if want_cuda:
-            prec = precision if precision != "auto" else next(
-                p for p in ("fp16", "fp32", "int8") if p in self.manifest.precisions)
-            session, used = create_session(self._graph(prec), "cuda", self._session_config)
-            if used == "cuda":
-                self._set_sessions([session], "cuda", prec)
-                return
-            cpu_prec = precision if precision != "auto" else cpu_auto_precision(self.manifest)
-            logger.warning("device=%r: the CUDA execution provider could not be loaded (onnxruntime-gpu needs the "
-                           "CUDA and cuDNN libraries of its build, and a GPU); falling back to CPU with precision "
-                           "%s", device, cpu_prec)
-            self.fallbacks += 1
-            precision = cpu_prec
-        prec = precision if precision != "auto" else cpu_auto_precision(self.manifest)
-        self._open_cpu(prec)
+    def _warn_int8_below_gate(self) -> None:
+        """precision='int8' asked for an INT8 graph that ``"auto"`` would not pick: say so, with the figures."""
+        agreement = _int8_agreement(self.manifest)
+        if self.embedded or "int8" not in self.manifest.precisions or (
+                agreement is not None and agreement >= INT8_MIN_AGREEMENT):
+            return
+        figure = "has no validation figures (exported with --no-validate)" if agreement is None else \
+            f"agreed with fp32 on {agreement:.4f} ({agreement:.1%}) of the probe set's argmax labels"
+        logger.warning("precision='int8': the INT8 graph of %s %s, below the %.0f%% gate "
+                       "(fastnli.engine.INT8_MIN_AGREEMENT) that precision='auto' applies; its scores may differ from "
+                       "fp32 (precision='fp32' or 'auto' runs the fp32 graph)", self.artifact_dir, figure,
+                       100 * INT8_MIN_AGREEMENT)
 
-    def _open_cpu(self, precision: str) -> None:
+    def _cpu_precision(self, precision: str) -> tuple[str, str]:
+        if precision != "auto":
+            return precision, f"asked for (precision={precision!r})"
+        return cpu_precision_choice(self.manifest, self.embedded)
+
+    def _open(self, device: str, precision: str) -> None:
+        listed = cuda_listed()
+        if device == "cuda" or (device == "auto" and listed):
+            cpu_prec, cpu_reason = self._cpu_precision(precision)
+            if not listed:  # plain onnxruntime: no CUDA provider to try
+                reason = "this onnxruntime build has no CUDA execution provider (install onnxruntime-gpu instead of " \
+                    "onnxruntime: docs/engine.md)"
+            else:
+                prec = precision if precision != "auto" else next(
+                    p for p in ("fp16", "fp32", "int8") if p in self.manifest.precisions)
+                session, used = create_session(self._graph(prec), "cuda", self._session_config)
+                if used == "cuda":
+                    why = "auto on CUDA: the first of fp16, fp32, int8 in the artifact" if precision == "auto" \
+                        else f"asked for (precision={precision!r})"
+                    self._set_sessions([session], "cuda", prec, reason=why)
+                    return
+                reason = "the CUDA execution provider could not be loaded (onnxruntime-gpu needs the CUDA and cuDNN " \
+                    "libraries of its build, and a GPU)"
+            if device == "auto" and not gpu_present():
+                # the normal path of a CPU-only machine with onnxruntime-gpu installed: not worth a warning
+                logger.info("device='auto': no GPU found, running on CPU with precision %s", cpu_prec)
+            else:
+                logger.warning("device=%r: %s; falling back to CPU with precision %s", device, reason, cpu_prec)
+                self.fallbacks += 1
+            self._open_cpu(cpu_prec, cpu_reason)
+            return
+        prec, why = self._cpu_precision(precision)
+        if device == "auto":
+            logger.info("device='auto': this onnxruntime build has no CUDA execution provider, running on CPU with "
+                        "precision %s", prec)
+        self._open_cpu(prec, why)
+
+    def _open_cpu(self, precision: str, reason: str) -> None:
         graph = self._graph(precision)
         streams, threads = cpu_streams(self._session_config, graph)
         model = session_model(graph, self._session_config, int8=precision == "int8")  # once for all streams
         sessions = [create_session(model, "cpu", self._session_config, threads)[0] for _ in range(streams)]
-        self._set_sessions(sessions, "cpu", precision, exact_int8=isinstance(model, bytes))
+        self._set_sessions(sessions, "cpu", precision, exact_int8=isinstance(model, bytes), reason=reason)
 
-    def _set_sessions(self, sessions: list[Any], device: Device, precision: str, exact_int8: bool = False) -> None:
+    def _set_sessions(self, sessions: list[Any], device: Device, precision: str, exact_int8: bool = False,
+                      reason: str = "") -> None:
         self._sessions = sessions
         self.device: Device = device
         self.precision: str = precision
+        self.precision_reason: str = reason
         self.streams = len(sessions)
         self.exact_int8 = exact_int8
         self.providers: list[str] = list(sessions[0].get_providers())
@@ -251,12 +361,11 @@ class NLIEngine:
         self._cache_tag = f"{self.manifest.artifact_hash}/{precision}{'/exact-int8' if exact_int8 else ''}"
 
     def _fallback_to_cpu(self, exc: BaseException) -> None:
-        requested = self._requested[1]
-        prec = requested if requested != "auto" else cpu_auto_precision(self.manifest)
+        prec, reason = self._cpu_precision(self._requested[1])
         logger.warning("a run on CUDA failed (%s: %s); switching this engine to CPU with precision %s",
                        type(exc).__name__, str(exc).splitlines()[0][:200], prec)
         self.fallbacks += 1
-        self._open_cpu(prec)
+        self._open_cpu(prec, reason)
 
     def _run(self, feed: dict[str, np.ndarray]) -> np.ndarray:
         try:
@@ -293,7 +402,8 @@ class NLIEngine:
             ``(contradiction, neutral, entailment)``, rows in input order. An empty list gives ``(0, 3)``.
 
         Raises:
-            TypeError / ValueError: naming the offending index, for anything that is not a pair of strings.
+            TypeError / ValueError: naming the offending index, for anything that is not a pair of strings, or a
+                text that is not valid UTF-8 (a lone surrogate such as ``"\\ud800"``), checked before tokenizing.
         """
         probs, _ = self.predict_with_stats(pairs)
         return probs

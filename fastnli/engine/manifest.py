@@ -106,6 +106,25 @@ def read_manifest(artifact_dir: str | Path) -> Manifest:
     return manifest
 
 
+def looks_like_local_path(name: str | Path) -> bool:
+    """True when ``name`` reads as a filesystem path rather than a HF hub id (``"name"`` or ``"org/name"``): it starts
+    with ``.``, ``/``, ``~`` or ``\\``, holds a backslash or a drive letter, ends with ``/``, or holds more than one
+    ``/`` (a hub id holds at most one)."""
+    text = str(name)
+    return (text.startswith((".", "/", "~", "\\")) or "\\" in text or text.endswith("/") or text.count("/") > 1
+            or (len(text) > 1 and text[1] == ":" and text[0].isalpha()))
+
+
+def check_local_path(name: str | Path) -> None:
+    """Raise FileNotFoundError when ``name`` reads as a local path (:func:`looks_like_local_path`) that does not
+    exist, so that a mistyped directory is reported as such instead of being looked up on the model hub."""
+    path = Path(name).expanduser()
+    if looks_like_local_path(name) and not path.exists():
+        raise FileNotFoundError(f"model {str(name)!r} does not exist: {path.absolute()} is not a file or directory "
+                                "(a name that starts with '.', '/' or '~' is a local path; a HF hub id reads "
+                                "'org/name'); check the path, or export a model with `fastnli export MODEL --out DIR`")
+
+
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

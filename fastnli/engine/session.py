@@ -208,6 +208,22 @@ def cuda_listed() -> bool:
     return "CUDAExecutionProvider" in ort.get_available_providers()
 
 
+def gpu_present() -> bool:
+    """True when this machine shows an NVIDIA GPU with its driver loaded: a ``/dev/nvidia<N>`` device (Linux),
+    ``/dev/dxg`` (WSL 2), or a loadable ``nvcuda`` driver library (Windows). Decides only how loudly a CPU fallback
+    under ``device="auto"`` is logged: INFO without a GPU (the normal path of a CPU machine), WARNING with one."""
+    import glob
+    import sys
+
+    if sys.platform.startswith("linux"):
+        return bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/dev/dxg")
+    if sys.platform == "win32":
+        import ctypes.util
+
+        return ctypes.util.find_library("nvcuda") is not None
+    return False
+
+
 def create_session(graph: str | Path | bytes, device: Device, config: SessionConfig,
                    intra_op_threads: int | None = None) -> tuple[Any, Device]:
     """Create an inference session for ``graph`` on ``device``.

@@ -33,6 +33,9 @@ __all__ = ["build_checkpoint", "LABEL_ORDERS", "corpus"]
 
 logger = logging.getLogger("fastnli")
 
+#: How to install what building a checkpoint needs.
+EXPORT_EXTRA_HINT = "pip install 'fastnli[export]'"
+
 Arch = Literal["deberta", "deberta-v2", "bert"]
 Size = Literal["tiny", "base", "large"]
 
@@ -131,19 +134,26 @@ def build_checkpoint(
 
     Returns:
         The checkpoint directory, loadable with ``AutoModelForSequenceClassification.from_pretrained``.
+
+    Raises:
+        ImportError: without torch or transformers, naming the extra to install (:data:`EXPORT_EXTRA_HINT`).
     """
-    import torch
-    from transformers import (
-        BertConfig,
-        BertForSequenceClassification,
-        BertTokenizerFast,
-        DebertaConfig,
-        DebertaForSequenceClassification,
-        DebertaTokenizerFast,
-        DebertaV2Config,
-        DebertaV2ForSequenceClassification,
-        DebertaV2TokenizerFast,
-    )
+    try:
+        import torch
+        from transformers import (
+            BertConfig,
+            BertForSequenceClassification,
+            BertTokenizerFast,
+            DebertaConfig,
+            DebertaForSequenceClassification,
+            DebertaTokenizerFast,
+            DebertaV2Config,
+            DebertaV2ForSequenceClassification,
+            DebertaV2TokenizerFast,
+        )
+    except ImportError as exc:
+        raise ImportError(f"building a checkpoint needs torch and transformers ({exc.name or exc} is not "
+                          f"installed); install the export extra: {EXPORT_EXTRA_HINT}") from None
 
     if arch not in ("deberta", "deberta-v2", "bert"):
         raise ValueError(f"arch={arch!r} is not supported; use 'deberta', 'deberta-v2' or 'bert'")

@@ -30,6 +30,7 @@ from fastnli.engine.manifest import (
     Manifest,
     PrecisionEntry,
     Validation,
+    check_local_path,
     checkpoint_hash,
     sha256_file,
 )
@@ -57,7 +58,9 @@ def _require_export_deps() -> None:
 
 
 def resolve_checkpoint(model: str | Path) -> tuple[Path, str]:
-    """Return ``(local_dir, source_name)`` for a local checkpoint directory or a HF hub id (downloaded once)."""
+    """Return ``(local_dir, source_name)`` for a local checkpoint directory or a HF hub id (downloaded once); a
+    missing local path raises FileNotFoundError (:func:`~fastnli.engine.manifest.check_local_path`)."""
+    check_local_path(model)
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -67,8 +70,14 @@ def resolve_checkpoint(model: str | Path) -> tuple[Path, str]:
         raise ValueError(f"model={str(model)!r} is a file; pass a checkpoint directory or a HF hub id")
     from huggingface_hub import snapshot_download
 
-    local = snapshot_download(repo_id=str(model), allow_patterns=[
-        "*.json", "*.safetensors", "*.txt", "*.model", "pytorch_model*.bin"])
+    try:
+        local = snapshot_download(repo_id=str(model), allow_patterns=[
+            "*.json", "*.safetensors", "*.txt", "*.model", "pytorch_model*.bin"])
+    except Exception as exc:  # offline, unknown repo, bad id: say both readings of the name
+        reason = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise FileNotFoundError(f"model {str(model)!r} is neither a local directory ({path.absolute()} does not "
+                                f"exist) nor a HF hub model that could be fetched ({type(exc).__name__}: {reason})"
+                                ) from exc
     return Path(local), str(model)
 
 

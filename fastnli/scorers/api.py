@@ -300,7 +300,8 @@ def score(
             loaded once per process).
         use_best: as uqlm's ``use_best``: when a semantic scorer is requested, swap each response for the lead
             member of its most probable semantic cluster before computing NCP/entailment (default False: score the
-            response given).
+            response given; uqlm's ``BlackBoxUQ`` defaults to True, so pass ``use_best=True`` with a semantic scorer
+            for its numbers: docs/scorers.md). Without a semantic scorer it has no effect and a warning is logged.
         return_matrix: attach each prompt's pairwise probability matrix (distinct texts × distinct texts × 3, in
             the order contradiction, neutral, entailment; identical texts get (0, 0, 1)). Computes all pairs.
         progress: called after each engine batch with ``(pairs in that batch, pairs to score in all)``.
@@ -322,6 +323,10 @@ def score(
     """
     t0 = time.perf_counter()
     scorer_set = check_scorers(scorers)
+    if use_best and not _SEMANTIC & set(scorer_set):
+        logger.warning("use_best=True has no effect without a semantic scorer (semantic_negentropy or "
+                       "semantic_sets_confidence in scorers): the best response comes from the semantic clusters, so "
+                       "each response is scored as given (uqlm's BlackBoxUQ ignores it the same way)")
     validate_inputs(responses, sampled_responses)
     check_max_length(max_length)
     if prompts is not None:
@@ -330,7 +335,8 @@ def score(
         resolve_question_format(question_aware, prompts, None)  # raises, naming the fix
     if engine is None:
         engine = default_engine()
-    fmt = resolve_question_format(question_aware, prompts, getattr(engine.manifest, "question_format", None))
+    fmt = resolve_question_format(question_aware, prompts,
+                                  getattr(getattr(engine, "manifest", None), "question_format", None))
     plan = _build_plan(responses, sampled_responses, scorer_set, use_best, return_matrix, max_length,
                        prompts if fmt else None, fmt or QUESTION_FORMAT)
     probs, stats = engine.predict_with_stats(plan.pairs, progress)  # the one scheduled engine pass
