@@ -18,7 +18,14 @@ import numpy as np
 
 from fastnli.engine import CallStats, NLIEngine, default_engine
 from fastnli.scorers import formulas
-from fastnli.scorers.questions import QUESTION_FORMAT, resolve_question_format, validate_prompts, with_question
+from fastnli.scorers.questions import (
+    QUESTION_FORMAT,
+    check_question_aware,
+    model_question_format,
+    resolve_question_format,
+    validate_prompts,
+    with_question,
+)
 
 SCORERS: tuple[str, ...] = ("noncontradiction", "entailment", "semantic_negentropy", "semantic_sets_confidence")
 _SEMANTIC = {"semantic_negentropy", "semantic_sets_confidence"}
@@ -205,6 +212,15 @@ def _build_plan(responses: Sequence[str], sampled_responses: Sequence[Sequence[s
     return ScorePlan(pairs, prompts, scorer_set, use_best, return_matrix)
 
 
+def _checked(responses: Sequence[str], sampled_responses: Sequence[Sequence[str]], scorers: Sequence[str],
+             max_length: int | None, questions: Sequence[str] | None) -> tuple[tuple[str, ...], list[str] | None]:
+    """Every input check of :func:`plan_scores` and :func:`score`: the scorer names and the questions, validated."""
+    scorer_set = check_scorers(scorers)
+    validate_inputs(responses, sampled_responses)
+    check_max_length(max_length)
+    return scorer_set, None if questions is None else validate_prompts(questions, len(responses))
+
+
 def plan_scores(
     responses: Sequence[str],
     sampled_responses: Sequence[Sequence[str]],
@@ -226,11 +242,7 @@ def plan_scores(
     Raises:
         TypeError / ValueError: as :func:`score`, naming the offending index and field.
     """
-    scorer_set = check_scorers(scorers)
-    validate_inputs(responses, sampled_responses)
-    check_max_length(max_length)
-    if questions is not None:
-        questions = validate_prompts(questions, len(responses))
+    scorer_set, questions = _checked(responses, sampled_responses, scorers, max_length, questions)
     return _build_plan(responses, sampled_responses, scorer_set, use_best, return_matrix, max_length, questions,
                        question_format)
 
@@ -322,21 +334,15 @@ def score(
         TypeError / ValueError: naming the offending index and field, before any model is loaded.
     """
     t0 = time.perf_counter()
-    scorer_set = check_scorers(scorers)
+    scorer_set, prompts = _checked(responses, sampled_responses, scorers, max_length, prompts)
+    check_question_aware(question_aware, prompts)
     if use_best and not _SEMANTIC & set(scorer_set):
         logger.warning("use_best=True has no effect without a semantic scorer (semantic_negentropy or "
                        "semantic_sets_confidence in scorers): the best response comes from the semantic clusters, so "
                        "each response is scored as given (uqlm's BlackBoxUQ ignores it the same way)")
-    validate_inputs(responses, sampled_responses)
-    check_max_length(max_length)
-    if prompts is not None:
-        prompts = validate_prompts(prompts, len(responses))
-    if question_aware is True and prompts is None:
-        resolve_question_format(question_aware, prompts, None)  # raises, naming the fix
     if engine is None:
         engine = default_engine()
-    fmt = resolve_question_format(question_aware, prompts,
-                                  getattr(getattr(engine, "manifest", None), "question_format", None))
+    fmt = resolve_question_format(question_aware, prompts, model_question_format(engine))
     plan = _build_plan(responses, sampled_responses, scorer_set, use_best, return_matrix, max_length,
                        prompts if fmt else None, fmt or QUESTION_FORMAT)
     probs, stats = engine.predict_with_stats(plan.pairs, progress)  # the one scheduled engine pass

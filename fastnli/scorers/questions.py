@@ -34,6 +34,18 @@ def validate_prompts(prompts: Any, n: int) -> list[str]:
     return list(prompts)
 
 
+def model_question_format(engine: Any) -> str | None:
+    """The question-aware input form an engine's model was trained on (its manifest's ``question_format``), or None
+    (also for engines without a manifest, such as test doubles)."""
+    return getattr(getattr(engine, "manifest", None), "question_format", None)
+
+
+def check_question_aware(question_aware: bool | None, prompts: Sequence[str] | None) -> None:
+    """Raise ValueError when ``question_aware=True`` comes without prompts (before any model is loaded)."""
+    if question_aware is True and prompts is None:
+        raise ValueError("question_aware=True needs prompts: pass prompts=[question per response]")
+
+
 def resolve_question_format(question_aware: bool | None, prompts: Sequence[str] | None,
                             model_format: str | None) -> str | None:
     """The input form to use, or None for the answers alone (uqlm's inputs).
@@ -48,8 +60,7 @@ def resolve_question_format(question_aware: bool | None, prompts: Sequence[str] 
     Raises:
         ValueError: ``question_aware=True`` without prompts.
     """
-    if question_aware is True and prompts is None:
-        raise ValueError("question_aware=True needs prompts: pass prompts=[question per response]")
+    check_question_aware(question_aware, prompts)
     if question_aware is False or prompts is None:
         return None
     if question_aware is None and model_format is None:

@@ -42,6 +42,7 @@ from fastnli.calm.checks import CheckPlan, finish_checks, plan_checks
 from fastnli.engine.labels import CANONICAL_LABELS
 from fastnli.engine.protocol import EngineLike
 from fastnli.scorers.api import score_rows
+from fastnli.scorers.questions import model_question_format
 from fastnli.serve.batcher import DynamicBatcher, Overloaded, ShuttingDown
 from fastnli.serve.config import ENV_VARS, ServeConfig
 from fastnli.serve.metrics import CONTENT_TYPE, ServeMetrics
@@ -225,8 +226,7 @@ async def _ncp(state: ServeState, request: Request) -> Response:
     body = await _read_json(request, state.config)
     batched = isinstance(body, list)
     items = body if batched else [body]
-    model_format = getattr(getattr(state.engine, "manifest", None), "question_format", None)
-    plans = [ncp_item(item, f"[{i}]." if batched else "", state.config, model_format)
+    plans = [ncp_item(item, f"[{i}]." if batched else "", state.config, model_question_format(state.engine))
              for i, item in enumerate(items)]
     n_pairs = sum(len(p.pairs) for p in plans)
     check_pair_count(n_pairs, "the request needs", state.config)
