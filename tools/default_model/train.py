@@ -712,8 +712,7 @@ def json_safe(value: Any) -> Any:
 
 def recipe_arguments(args: argparse.Namespace) -> dict[str, Any]:
     """The arguments that decide what a run computes (all but :data:`OPERATIONAL_ARGS`), JSON-ready."""
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in sorted(vars(args).items())
-            if k not in OPERATIONAL_ARGS}
+    return {k: json_safe(v) for k, v in sorted(vars(args).items()) if k not in OPERATIONAL_ARGS}
 
 
 def weights_digest(state: dict[str, Any]) -> str:
