@@ -112,14 +112,13 @@ def evaluate(rows: Sequence[dict[str, Any]], probs: np.ndarray) -> dict[str, Any
     return {"categories": categories, "groups": groups, "long": dict(sorted(long.items(), key=lambda kv: int(kv[0])))}
 
 
-def gate_rows(rows: Sequence[dict[str, Any]], every: int = 10) -> list[dict[str, Any]]:
-    """A fixed slice for the CI quality gate: every ``every``-th pair (both directions) and every ``every``-th
-    long-premise row, in file order."""
+def gate_indices(rows: Sequence[dict[str, Any]], every: int = 10) -> list[int]:
+    """A fixed slice for the CI quality gate, as row indices in file order: every ``every``-th pair (both
+    directions) and every ``every``-th long-premise row."""
     pair_ids = list(dict.fromkeys(r["pair_id"] for r in rows if r["pair_id"]))
     keep = set(pair_ids[::every])
-    singles = [i for i, r in enumerate(rows) if not r["pair_id"]][::every]
-    chosen = set(singles)
-    return [r for i, r in enumerate(rows) if r["pair_id"] in keep or i in chosen]
+    singles = set([i for i, r in enumerate(rows) if not r["pair_id"]][::every])
+    return [i for i, r in enumerate(rows) if r["pair_id"] in keep or i in singles]
 
 
 def engine_probs(model: str | None, rows: Sequence[dict[str, Any]]) -> np.ndarray:

@@ -148,9 +148,14 @@ def cpu_run(int8: NLIEngine, splits: dict[str, list[dict[str, str]]], gate: dict
     return run
 
 
+def mission_probs(engine: NLIEngine, rows: list[dict[str, Any]]) -> np.ndarray:
+    """``engine``'s probabilities of answer_data rows (one engine pass)."""
+    return engine.predict([(r["premise"], r["hypothesis"]) for r in rows])
+
+
 def mission(engine: NLIEngine, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The mission-shaped evaluation (``mission_eval.evaluate``) of ``engine`` on answer_data rows."""
-    return mission_eval.evaluate(rows, engine.predict([(r["premise"], r["hypothesis"]) for r in rows]))
+    return mission_eval.evaluate(rows, mission_probs(engine, rows))
 
 
 def question_aware_decision(dev: dict[str, Any]) -> dict[str, Any]:
@@ -539,10 +544,11 @@ def main() -> None:
     else:
         built = answer_data.build(args.data)
         parts = {p: built[p] for p in ("dev", "test")}
-    quality["mission"] = {p: mission(engines["int8"], rows) for p, rows in parts.items()}
-    gate_slice = mission_eval.gate_rows(parts["test"], MISSION_GATE_EVERY)
-    quality["mission_gate"] = {"every_nth": MISSION_GATE_EVERY, "rows": len(gate_slice),
-                               "int8": mission(engines["int8"], gate_slice)["groups"]}
+    probs = {p: mission_probs(engines["int8"], rows) for p, rows in parts.items()}
+    quality["mission"] = {p: mission_eval.evaluate(parts[p], probs[p]) for p in parts}
+    gate = mission_eval.gate_indices(parts["test"], MISSION_GATE_EVERY)  # the test part's figures, a slice of them
+    quality["mission_gate"] = {"every_nth": MISSION_GATE_EVERY, "rows": len(gate), "int8": mission_eval.evaluate(
+        [parts["test"][i] for i in gate], probs["test"][gate])["groups"]}
     quality["question_aware"] = question_aware_decision(quality["mission"]["dev"])
     if args.previous_mission is not None:
         quality["mission_previous"] = {"test": json.loads(args.previous_mission.read_text())}
