@@ -9,9 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from fastnli.exporter import export
 from fastnli.exporter.checkpoint import build_checkpoint
+
+# Property tests check behaviour, never speed: no per-example deadline (the machines are shared and timings noisy).
+settings.register_profile("fastnli", deadline=None)
+settings.load_profile("fastnli")
 
 
 def _need_export_extra() -> None:

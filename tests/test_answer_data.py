@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import random
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -75,7 +77,8 @@ def test_cap_per_category_keeps_whole_pairs() -> None:
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
 def test_build_parts_are_disjoint_and_pairs_have_both_directions(tmp_path: Path) -> None:
     parts = ad.build(SHARED_DATA, seed=0, long_train=200)
-    questions = {p: {r["question"] for r in rows if r["question"]} for p, rows in parts.items()}
+    questions = {p: {r["question"] for r in rows if r["question"] and r["source"] != "answers/events"}
+                 for p, rows in parts.items()}  # dated events fall into a part by their subject and verb
     assert not (questions["train"] & questions["dev"]) and not (questions["train"] & questions["test"])
     assert not (questions["dev"] & questions["test"])
     assert all(ad.part_of(q) == p for p, qs in questions.items() for q in qs)
@@ -122,3 +125,50 @@ def test_evaluate_reads_each_category_by_its_rule() -> None:
     assert res["categories"]["more_specific"]["value"] == 1.0
     # pair scores: swap 1 - (0.6 + 0.1) / 2 = 0.65; agreeing pairs 0.95 and 0.95: AUROC 1
     assert res["groups"]["bare"]["agreement_auroc"] == 1.0
+
+
+YEAR_IN = re.compile(r"\b(\d{4})\b")
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
+def test_event_pairs_change_the_date_only_where_they_should() -> None:
+    rows = ad.event_pairs(SHARED_DATA, 0, {"train": 40, "dev": 10, "test": 20})
+    by_pair = defaultdict(list)
+    for r in rows:
+        by_pair[r["pair_id"]].append(r)
+    seen = set()
+    for a, b in by_pair.values():
+        cat = a["category"].split("+")[0]
+        seen.add(a["category"])
+        ya, yb = set(YEAR_IN.findall(a["premise"])), set(YEAR_IN.findall(a["hypothesis"]))
+        if cat == "event_year_swap":
+            assert ya and yb and ya != yb and a["label"] == b["label"] == "contradiction"
+        elif cat == "event_format":
+            assert ya == yb and a["premise"] != a["hypothesis"] and a["label"] == b["label"] == "entailment"
+        elif cat == "event_more_specific":  # a full date -> its year or month: entailed one way only
+            assert ya == yb and (a["label"], b["label"]) == ("entailment", "neutral")
+        else:
+            assert cat == "event_date_swap" and a["premise"] != a["hypothesis"] and a["label"] == "contradiction"
+    assert {"event_year_swap", "event_date_swap", "event_format", "event_more_specific",
+            "event_year_swap+question"} <= seen
+    # one event (subject and verb) lies in one part only
+    parts_of_question = defaultdict(set)
+    for r in rows:
+        parts_of_question[r["question"]].add(r["part"])
+    assert all(len(p) == 1 for p in parts_of_question.values())
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
+def test_the_build_record_rebuilds_the_same_rows(tmp_path: Path) -> None:
+    args = ["--long-train", "50", "--event-train", "10", "--long-statement-share", "0.5"]
+    assert ad.main(["--data", str(SHARED_DATA), "--out", str(tmp_path / "a"), *args]) == 0
+    record = json.loads((tmp_path / "a" / ad.BUILD_RECORD).read_text())
+    sha = record["sha256"]["train.jsonl"]
+    command = ad.rows_command(tmp_path / "a" / "train.jsonl", sha, str(tmp_path / "b"))
+    assert command is not None and command.startswith("python -m tools.default_model.answer_data --out ")
+    rebuilt = command.split(" --out ", 1)[1].split()
+    assert ad.main(["--data", str(SHARED_DATA), "--out", *rebuilt]) == 0
+    assert (tmp_path / "b" / "train.jsonl").read_bytes() == (tmp_path / "a" / "train.jsonl").read_bytes()
+    assert ad.rows_command(tmp_path / "a" / "train.jsonl", "0" * 64, "x") is None  # other bytes: no command
+    long_rows = [r for r in ad.read_jsonl(tmp_path / "a" / "train.jsonl") if r["category"] == "long"]
+    assert len(long_rows) == 50

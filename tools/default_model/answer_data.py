@@ -20,6 +20,7 @@ pair. ``label`` is the label of that direction.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -39,9 +40,9 @@ LONG_EVAL_SOURCE = "snli/dev"
 
 # categories of the evaluation, and the goal each belongs to
 VALUE_SWAPS = ("year_swap", "date_swap", "number_swap", "quantity_swap", "unit_swap", "entity_swap",
-               "sentence_number_swap", "negation")
-MEANING_KEPT = ("format_variant", "alias", "unit_equivalent", "sentence_format")
-ONE_WAY = ("more_specific",)  # specific -> general: entailment; general -> specific: neutral
+               "sentence_number_swap", "negation", "event_year_swap", "event_date_swap")
+MEANING_KEPT = ("format_variant", "alias", "unit_equivalent", "sentence_format", "event_format")
+ONE_WAY = ("more_specific", "event_more_specific")  # specific -> general: entailment; general -> specific: neutral
 
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
           "November", "December")
@@ -453,6 +454,96 @@ def unit_pairs(seed: int, per_part: dict[str, int] | None = None) -> list[dict[s
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# Dated events in full sentences ("The bridge was completed in 1932." / "... in 1934.")
+
+# one-time events only (a second date contradicts the first): (past tense, question with {s})
+THING_EVENTS = (
+    ("was founded", "When was {s} founded?"), ("was built", "When was {s} built?"),
+    ("was completed", "When was {s} completed?"), ("was demolished", "When was {s} demolished?"),
+    ("was established", "When was {s} established?"), ("was abolished", "When was {s} abolished?"),
+    ("was signed", "When was {s} signed?"), ("first opened", "When did {s} first open?"),
+    ("fell", "When did {s} fall?"), ("collapsed", "When did {s} collapse?"),
+    ("was dissolved", "When was {s} dissolved?"), ("was first published", "When was {s} first published?"),
+)
+PERSON_EVENTS = (
+    ("was born", "When was {s} born?"), ("died", "When did {s} die?"),
+    ("was first elected", "When was {s} first elected?"), ("retired", "When did {s} retire?"),
+)
+THING_NOUNS = ("bridge", "museum", "company", "treaty", "stadium", "railway", "university", "cathedral", "newspaper",
+               "republic", "dam", "tower", "library", "airline", "bank", "empire", "wall", "canal", "hospital",
+               "football club", "theatre", "factory", "monarchy", "league", "palace", "observatory", "orchestra",
+               "parliament", "alliance", "mint")
+
+
+def event_subjects(data: Path) -> tuple[list[str], list[str]]:
+    """(people: answers to "who" questions that look like names; places: answers to "where" questions), from qa/."""
+    people: set[str] = set()
+    places: set[str] = set()
+    for name in QA_FILES:
+        for r in read_jsonl(data / name):
+            first = clean(r["answer"][0])
+            word = clean(r["question"]).split()[0].lower()
+            if not re.fullmatch(r"[A-Z][a-z]+(?: [A-Z][a-z]+){1,2}", first):
+                continue
+            (people if word == "who" else places if word == "where" else set()).add(first)
+    return sorted(people), sorted(places)
+
+
+def event_sentence(subject: str, verb: str, when: str, style: int) -> str:
+    """``subject`` ``verb`` ``when`` as one sentence, in one of three word orders (``style`` 0-2)."""
+    cap = subject[0].upper() + subject[1:]
+    return (f"{cap} {verb} {when}.", f"{when[0].upper()}{when[1:]}, {subject} {verb}.",
+            f"It was {when} that {subject} {verb}.")[style]
+
+
+def event_pairs(data: Path, seed: int, per_part: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    """One-sentence statements of a dated one-time event: the year or date changed (contradiction both ways), the same
+    date written another way (entailment both ways), a full date against its year or month (entailment one way,
+    neutral back); bare and question-aware. Part by the event's subject and verb."""
+    per_part = per_part or {"train": 1500, "dev": 150, "test": 300}
+    people, places = event_subjects(data)
+    rng = random.Random(seed + 7)
+    out: list[dict[str, Any]] = []
+    for part, n in per_part.items():
+        rec = Rows(part, "answers/events", out)
+        made = 0
+        while made < n:
+            if rng.random() < 0.3:
+                s, (verb, question) = rng.choice(people), rng.choice(PERSON_EVENTS)
+            else:
+                s, (verb, question) = f"the {rng.choice(places)} {rng.choice(THING_NOUNS)}", rng.choice(THING_EVENTS)
+            if part_of(f"event:{s}:{verb}") != part:
+                continue
+            made += 1
+            q = question.format(s=s)
+            year = rng.randint(1500, 2023)
+            other = year + rng.choice([-1, 1]) * rng.choice([1, 1, 2, 2, 3, 4, 5, 8, 10, 15, 20, 30])
+            day, month = rng.randint(1, 28), rng.randint(1, 12)
+            say = functools.partial(event_sentence, s, verb)
+            pairs = [
+                (say(f"in {year}", 0), say(f"in {other}", rng.randrange(3)), "contradiction", "contradiction",
+                 "event_year_swap"),
+                (say(f"in {year}", 0), say(f"in {year}", rng.randrange(1, 3)) if rng.random() < 0.7
+                 else say(f"in the year {year}", 0), "entailment", "entailment", "event_format"),
+            ]
+            date = date_text(day, month, year, rng.randrange(2))
+            which = rng.randrange(3)
+            d2, m2, y2 = ((day % 28) + rng.randint(1, 20), month, year) if which == 0 else (
+                (day, (month % 12) + 1, year) if which == 1 else (day, month, other))
+            changed = date_text(min(d2, 28), m2, y2, rng.randrange(2))
+            pairs.append((say(f"on {date}", 0), say(f"on {changed}", rng.randrange(3)), "contradiction",
+                          "contradiction", "event_date_swap"))
+            general = f"in {year}" if rng.random() < 0.5 else f"in {MONTHS[month - 1]} {year}"
+            pairs.append((say(f"on {date}", 0), say(general, rng.randrange(3)), "entailment", "neutral",
+                          "event_more_specific"))
+            for a, b, lab, lba, cat in pairs:
+                rec.both(a, b, lab, lba, cat, q)
+                if part != "train" or rng.random() < 0.35:
+                    rec.both(with_question(q, a), with_question(q, b), lab, lba, cat + "+question", q)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # Long premises
 
 
@@ -490,14 +581,26 @@ def long_document(evidence: str | None, hypothesis: str, pool: list[str], target
     return " ".join(filler[:at] + [evidence] + filler[at:])
 
 
+# generated one-sentence pairs that also serve as (document sentence, statement) evidence in long premises
+LONG_STATEMENT_CATEGORIES = ("event_year_swap", "event_date_swap", "event_format", "event_more_specific",
+                             "sentence_number_swap", "sentence_format", "negation")
+
+
 def long_premise_train(rows: list[dict[str, Any]], pools: dict[str, list[str]], seed: int, n: int,
-                       max_words: int = 330) -> list[dict[str, Any]]:
-    """Training rows with long premises: a licensed training pair's premise among unrelated sentences (label
-    kept), and the same document without the premise (neutral)."""
+                       max_words: int = 330, statements: list[dict[str, Any]] | None = None,
+                       statement_share: float = 0.25) -> list[dict[str, Any]]:
+    """Training rows with long premises: a licensed training pair's premise (or, for ``statement_share`` of the rows,
+    the premise of a generated one-sentence pair from ``statements``) among unrelated sentences (label kept), and the
+    same document without the premise (neutral)."""
     rng = random.Random(seed + 3)
     cands = [r for r in rows if r["source"].startswith(SENTENCE_SOURCES) and len(r["premise"]) < 400]
+    n_statements = min(round(n * statement_share), len(statements or []))
+    picked = rng.sample(cands, n - n_statements)
+    if n_statements:
+        picked += rng.sample(statements or [], n_statements)
+        rng.shuffle(picked)
     out: list[dict[str, Any]] = []
-    for r in rng.sample(cands, n):
+    for r in picked:
         target = rng.randint(30, max_words)
         with_ev = rng.random() < 0.7
         doc = long_document(clean(r["premise"]) if with_ev else None, r["hypothesis"], pools["train"], target, rng)
@@ -552,15 +655,20 @@ def cap_per_category(rows: list[dict[str, Any]], cap: int, seed: int) -> list[di
     return [r for r in rows if r["pair_id"] in keep]
 
 
-def build(data: Path, seed: int = 0, long_train: int = 6000, train_cap: int = 2000) -> dict[str, list[dict[str, Any]]]:
+def build(data: Path, seed: int = 0, long_train: int = 9000, train_cap: int = 2000, event_train: int = 1500,
+          long_statement_share: float = 0.25) -> dict[str, list[dict[str, Any]]]:
     """All generated rows by use: ``train`` (the training mixture's additions: at most ``train_cap`` rows per answer
-    category, plus ``long_train`` long-premise rows), ``dev`` and ``test`` (evaluation, uncapped)."""
+    category, ``event_train`` dated events, plus ``long_train`` long-premise rows, ``long_statement_share`` of them
+    around generated one-sentence pairs), ``dev`` and ``test`` (evaluation, uncapped)."""
     licensed, dev_rows = licensed_rows(data)
-    answer_rows = qa_pairs(data, seed) + sentence_pairs(licensed, seed) + unit_pairs(seed)
+    events = event_pairs(data, seed, {"train": event_train, "dev": 150, "test": 300})
+    answer_rows = qa_pairs(data, seed) + sentence_pairs(licensed, seed) + unit_pairs(seed) + events
     pools = filler_pools(licensed)
     out: dict[str, list[dict[str, Any]]] = {p: [r for r in answer_rows if r["part"] == p] for p in PARTS}
     out["train"] = cap_per_category(out["train"], train_cap, seed)
-    out["train"] += long_premise_train(licensed, pools, seed, long_train)
+    statements = [r for r in out["train"] if r["category"] in LONG_STATEMENT_CATEGORIES]
+    out["train"] += long_premise_train(licensed, pools, seed, long_train, statements=statements,
+                                       statement_share=long_statement_share)
     for r in long_premise_eval(dev_rows, pools, seed):
         out[r["part"]].append(r)
     return out
@@ -581,21 +689,50 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[3] / "shared" / "nli-data")
     p.add_argument("--out", type=Path, required=True, help="directory for train.jsonl, dev.jsonl, test.jsonl")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--long-train", type=int, default=6000, help="long-premise training rows")
+    p.add_argument("--long-train", type=int, default=9000, help="long-premise training rows")
     p.add_argument("--train-cap", type=int, default=2000, help="training rows per answer category at most")
+    p.add_argument("--event-train", type=int, default=1500, help="dated events of the train part (4 pairs each)")
+    p.add_argument("--long-statement-share", type=float, default=0.25,
+                   help="share of the long-premise rows built around generated one-sentence pairs")
     p.add_argument("--summary", action="store_true", help="log rows per category and label")
     args = p.parse_args(argv)
-    parts = build(args.data, args.seed, args.long_train, args.train_cap)
+    parts = build(args.data, args.seed, args.long_train, args.train_cap, args.event_train, args.long_statement_share)
     args.out.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {"arguments": build_arguments(args), "sha256": {}}
     for name, rows in parts.items():
-        with (args.out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
+        path = args.out / f"{name}.jsonl"
+        with path.open("w", encoding="utf-8") as f:
             for r in rows:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        record["sha256"][path.name] = hashlib.sha256(path.read_bytes()).hexdigest()
         if args.summary:
             import sys
 
             sys.stderr.write(f"== {name}: {len(rows)} rows\n" + "\n".join(iter_summary(rows)) + "\n")
+    (args.out / BUILD_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return 0
+
+
+#: Written beside the rows: the arguments that rebuild them (the data folder aside) and each file's sha256.
+BUILD_RECORD = "build.json"
+
+
+def build_arguments(args: Any) -> list[str]:
+    """The command-line arguments that rebuild these rows (every recipe option, always spelled out)."""
+    return ["--seed", str(args.seed), "--long-train", str(args.long_train), "--train-cap", str(args.train_cap),
+            "--event-train", str(args.event_train), "--long-statement-share", f"{args.long_statement_share:g}"]
+
+
+def rows_command(train_file: str | Path, sha256: str, out: str) -> str | None:
+    """The command that rebuilds the training rows ``train_file`` (whose recorded hash is ``sha256``) into ``out``,
+    from the :data:`BUILD_RECORD` beside it; None when there is none or it records other bytes."""
+    record_path = Path(train_file).with_name(BUILD_RECORD)
+    if not record_path.is_file():
+        return None
+    record = json.loads(record_path.read_text(encoding="utf-8"))
+    if record["sha256"].get(Path(train_file).name) != sha256:
+        return None
+    return " ".join(["python -m tools.default_model.answer_data --out", out, *record["arguments"]])
 
 
 if __name__ == "__main__":

