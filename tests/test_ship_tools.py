@@ -131,3 +131,36 @@ def test_cpu_run_measures_the_saturating_kernels_where_exact_int8_is_on(monkeypa
         assert sat["labels_equal_to_exact"] == 1.0 and sat["accuracy_snli_dev"] == run["accuracy_int8"]["snli/dev"]
     else:
         assert 0.5 < sat["labels_equal_to_exact"] <= 1.0
+
+
+def test_card_rebuilds_a_two_stage_model_with_runnable_commands(tmp_path: Path) -> None:
+    """Stage 2 trained from stage 1's checkpoint: the card gives each stage's rows command (from build.json, only
+    when its sha256 is the logged one) and a runnable training command with this rebuild's paths."""
+    from tools.default_model import answer_data
+
+    rows = tmp_path / "rows1"
+    rows.mkdir()
+    (rows / "train.jsonl").write_text("{}\n")
+    (rows / answer_data.BUILD_RECORD).write_text(json.dumps(
+        {"arguments": ["--seed", "0", "--long-train", "6000"], "sha256": {"train.jsonl": "a" * 64}}))
+
+    def stage(command: list[str], path: str, sha: str) -> dict[str, Any]:
+        return {"command": command, "data": {"extra_train": {"files": {path: sha}, "rows": 3}}}
+
+    first = stage(["train.py", "--epochs", "1", "--extra-train", str(rows / "train.jsonl"), "--out", "/x/m1",
+                   "--resume"], str(rows / "train.jsonl"), "a" * 64)
+    second = {**stage(["train.py", "--base", "/x/m1", "--lr", "5e-5", "--extra-train", "/gone/train.jsonl", "--out",
+                       "/x/m2"], "/gone/train.jsonl", "b" * 64), "base_training": first}
+    text = ship.rebuild_text(second)
+    assert ("1. `python -m tools.default_model.answer_data --out /tmp/answers-1 --seed 0 --long-train 6000`, then "
+            "`python -m tools.default_model.train --epochs 1 --extra-train /tmp/answers-1/train.jsonl --out "
+            "/tmp/default-nli-1`") in text
+    assert ("2. the rows of sha256 `" + "b" * 64 + "` (their build record was not found at ship time), then "
+            "`python -m tools.default_model.train --lr 5e-5 --extra-train /tmp/answers-2/train.jsonl --out "
+            "/tmp/default-nli-2 --base /tmp/default-nli-1`") in text
+    assert text.rstrip().endswith("3. `python -m tools.default_model.ship --checkpoint /tmp/default-nli-2 --answers "
+                                  "/tmp/answers-2`")
+    (rows / "train.jsonl").write_text("other\n")  # the record still names the logged hash: the command stands
+    assert "answer_data --out /tmp/answers-1" in ship.rebuild_text(second)
+    first["data"]["extra_train"]["files"] = {str(rows / "train.jsonl"): "c" * 64}  # a hash the record lacks
+    assert "the rows of sha256 `" + "c" * 64 in ship.rebuild_text(second)

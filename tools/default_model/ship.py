@@ -16,6 +16,7 @@ import datetime
 import json
 import logging
 import os
+import shlex
 import shutil
 import tempfile
 import time
@@ -364,11 +365,12 @@ def rebuild_text(t: dict[str, Any]) -> str:
     for i, stage in enumerate(stages, 1):
         rows_dir, out = f"/tmp/answers-{i}", f"/tmp/default-nli-{i}"
         (path, sha), = stage["data"]["extra_train"]["files"].items()
-        rows = answer_data.rows_command(path, sha, rows_dir) or (
-            f"the rows of sha256 `{sha}` (their build record was not found at ship time)")
-        base = f", `--base /tmp/default-nli-{i - 1}`" if i > 1 else ""
-        steps.append(f"{i}. `{rows}`, then `{stage['command']}` with `--extra-train {rows_dir}/train.jsonl`{base} "
-                     f"and `--out {out}` (no `--resume`)")
+        command = answer_data.rows_command(path, sha, rows_dir)
+        rows = f"`{command}`" if command else f"the rows of sha256 `{sha}` (their build record was not found at ship time)"
+        paths = ["--extra-train", f"{rows_dir}/train.jsonl", "--out", out]
+        if i > 1:
+            paths += ["--base", f"/tmp/default-nli-{i - 1}"]
+        steps.append(f"{i}. {rows}, then `{training_command(stage['command'], paths)}`")
     return ("\nRebuild, from the repository root (every row file is the same byte for byte; its sha256 is in the "
             "training log):\n\n" + "\n".join(steps) + f"\n{len(stages) + 1}. `python -m tools.default_model.ship "
             f"--checkpoint /tmp/default-nli-{len(stages)} --answers /tmp/answers-{len(stages)}`\n")
@@ -384,6 +386,21 @@ def stages_text(t: dict[str, Any]) -> str:
             f"generated rows; {first['recipe']['loss']}; best step {first['best']['step']}, "
             f"{json.dumps(first['best']['full'])}). Stage 2 continued from the stage-1 checkpoint with the rows and "
             "recipe below:\n\n")
+
+
+def training_command(logged: list[str], paths: list[str]) -> str:
+    """A runnable command of the train tool from a logged one (``[script, *arguments]``): its recipe arguments, with
+    the paths of this rebuild (``paths``: option, value, ...) in place of the logged paths, and no ``--resume``."""
+    replaced = set(paths[::2])
+    args, i = [], 1
+    while i < len(logged):
+        if logged[i] in replaced:
+            i += 2
+            continue
+        if logged[i] != "--resume":
+            args.append(logged[i])
+        i += 1
+    return shlex.join(["python", "-m", "tools.default_model.train", *args, *paths])
 
 
 def base_training(training: dict[str, Any]) -> dict[str, Any] | None:
