@@ -428,6 +428,44 @@ def extra_data_text(t: dict[str, Any]) -> str:
             "kept with the evidence; neutral without it). Distillation applies to the licensed NLI rows only.\n")
 
 
+#: Pairs a user tries first (from the issue that asked for a job-shaped model): illustrations, not an evaluation.
+PROBES = (
+    ("The Berlin Wall fell in 1989.", "The Berlin Wall fell in 1991."),
+    ("Water boils at 100 °C.", "Water boils at 90 °C."),
+    ("1989", "1991"),
+    ("Canberra", "Sydney"),
+    ("100 degrees Celsius", "212 degrees Fahrenheit"),
+    ("The Eiffel Tower is in Paris.", "The Eiffel Tower is located in Paris, France."),
+)
+
+
+def probe_results(engine: NLIEngine) -> list[dict[str, Any]]:
+    """:data:`PROBES` through ``engine``, both directions: probabilities in label order, rounded to 3 places."""
+    pairs = [(a, b) for a, b in PROBES] + [(b, a) for a, b in PROBES]
+    probs = np.round(engine.predict(pairs), 3)
+    n = len(PROBES)
+    return [{"a": a, "b": b, "ab": probs[i].tolist(), "ba": probs[n + i].tolist()} for i, (a, b) in enumerate(PROBES)]
+
+
+def probes_table(q: dict[str, Any]) -> str:
+    """The model card's table of :data:`PROBES`: contradiction / neutral / entailment each way, before and now."""
+    probes = q.get("probes")
+    if not probes:
+        return ""
+    before = {(r["a"], r["b"]): r for r in probes.get("before", [])}
+
+    def cell(r: dict[str, Any] | None, key: str) -> str:
+        return " / ".join(f"{x:.2f}" for x in r[key]) if r else "-"
+
+    lines = ["| a | b | a → b before | a → b now | b → a before | b → a now |", "|---|---|---|---|---|---|"]
+    for r in probes["now"]:
+        b = before.get((r["a"], r["b"]))
+        lines.append(f"| {r['a']} | {r['b']} | {cell(b, 'ab')} | {cell(r, 'ab')} | {cell(b, 'ba')} | "
+                     f"{cell(r, 'ba')} |")
+    return ("First pairs a user tries (INT8, contradiction / neutral / entailment; bare, without a question; "
+            "illustrations, not an evaluation):\n\n" + "\n".join(lines) + "\n\n")
+
+
 def mission_section(q: dict[str, Any]) -> str:
     """The model card's section on the job (answers to one question, long premises); empty for records without it."""
     if "mission" not in q:
@@ -441,7 +479,7 @@ NCP's pair score 1 - (p_c(a, b) + p_c(b, a)) / 2. "before" is the model this one
 
 {mission_tables(q)}
 
-Question-aware inputs by default: {"yes" if q["question_aware"]["default"] else "no"} ({q["question_aware"]["rule"]};
+{probes_table(q)}Question-aware inputs by default: {"yes" if q["question_aware"]["default"] else "no"} ({q["question_aware"]["rule"]};
 dev part, bare answers {json.dumps(q["question_aware"]["dev_bare"])}, question-aware
 {json.dumps(q["question_aware"]["dev_question"])}).
 
@@ -606,6 +644,9 @@ def main() -> None:
     elif (args.out / MANIFEST_NAME).is_file():
         quality["mission_previous"] = {"test": mission(NLIEngine.from_pretrained(args.out, device="cpu"),
                                                        parts["test"])}
+    quality["probes"] = {"now": probe_results(engines["int8"])}
+    if (args.out / MANIFEST_NAME).is_file():
+        quality["probes"]["before"] = probe_results(NLIEngine.from_pretrained(args.out, device="cpu"))
     logger.info("mission (test part): %s", quality["mission"]["test"]["groups"])
     others = {p: eng for p, eng in engines.items() if p != "int8"}
     quality["cpu_runs"] = [cpu_run(engines["int8"], splits, quality["gate"], "tools/default_model/ship.py", others,
