@@ -442,9 +442,9 @@ PROBES = (
 def probe_results(engine: NLIEngine) -> list[dict[str, Any]]:
     """:data:`PROBES` through ``engine``, both directions: probabilities in label order, rounded to 3 places."""
     pairs = [(a, b) for a, b in PROBES] + [(b, a) for a, b in PROBES]
-    probs = np.round(engine.predict(pairs), 3)
+    probs = [[round(float(x), 3) for x in row] for row in engine.predict(pairs)]
     n = len(PROBES)
-    return [{"a": a, "b": b, "ab": probs[i].tolist(), "ba": probs[n + i].tolist()} for i, (a, b) in enumerate(PROBES)]
+    return [{"a": a, "b": b, "ab": probs[i], "ba": probs[n + i]} for i, (a, b) in enumerate(PROBES)]
 
 
 def probes_table(q: dict[str, Any]) -> str:
