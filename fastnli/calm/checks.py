@@ -53,7 +53,7 @@ from fastnli.engine.labels import CONTRADICTION, ENTAILMENT
 from fastnli.engine.protocol import EngineLike
 
 __all__ = ["AnswerCheck", "AnswerInput", "CheckConfig", "CheckPlan", "EngineLike", "PairPlan", "StatementCheck",
-           "check_answers", "finish_checks", "plan_checks", "rouge_l"]
+           "check_answers", "count_check_pairs", "finish_checks", "plan_checks", "rouge_l"]
 
 logger = logging.getLogger("fastnli")
 
@@ -282,12 +282,41 @@ class _AnswerPlan:
     nli_pairs: dict[str, int]
 
 
-def _plan_answer(plan: PairPlan, item: AnswerInput, config: CheckConfig) -> _AnswerPlan:
-    docs = list(item.documents)
-    statements = item.statements if item.statements is not None else split_statements(item.answer, len(docs))
+def _split(item: AnswerInput) -> tuple[list[Statement], list[str] | None]:
+    """The statements of ``item``'s answer and its verifier's sentences (None without a verifier answer)."""
+    statements = item.statements if item.statements is not None else split_statements(item.answer,
+                                                                                     len(item.documents))
     verifier = None
     if item.verifier_answer is not None:
         verifier = [t for t in (strip_citations(s) for s in split_sentences(item.verifier_answer)) if t]
+    return list(statements), verifier
+
+
+def _citation_pairs(statement: Statement, config: CheckConfig) -> int:
+    """How many citation pairs one statement needs: joint, and one single + one rest per citation when it has more
+    than one; none when citations are not checked, absent or out of range."""
+    n = len(statement.citations)
+    if not (config.check_citations and n and not statement.invalid_citations):
+        return 0
+    return 1 + (2 * n if n > 1 else 0)
+
+
+def count_check_pairs(answers: Sequence[AnswerInput], config: CheckConfig | None = None) -> int:
+    """How many NLI pairs :func:`plan_checks` would plan for ``answers``, without building any pair.
+
+    Linear in the answers' text: a service refuses an over-limit request with it before the pairs (whose number
+    grows with statements x verifier sentences, and whose premises repeat cited documents) use memory."""
+    config = config or CheckConfig()
+    total = 0
+    for item in answers:
+        statements, verifier = _split(item)
+        total += sum(len(verifier or ()) + _citation_pairs(st, config) for st in statements)
+    return total
+
+
+def _plan_answer(plan: PairPlan, item: AnswerInput, config: CheckConfig) -> _AnswerPlan:
+    docs = list(item.documents)
+    statements, verifier = _split(item)
     counts = {"corroboration": 0, "citation": 0}
     plans = []
     for st in statements:
@@ -296,7 +325,7 @@ def _plan_answer(plan: PairPlan, item: AnswerInput, config: CheckConfig) -> _Ans
             sp.corroboration.append(plan.add(v, st.text))
         counts["corroboration"] += len(sp.corroboration)
         cites = list(st.citations)
-        if config.check_citations and cites and not st.invalid_citations:
+        if _citation_pairs(st, config):
             before = len(plan)
             sp.joint = plan.add(premise_text([docs[c] for c in cites]), st.text)
             if len(cites) > 1:

@@ -170,7 +170,7 @@ def _is_embedded(artifact_dir: Path) -> bool:
         return False
 
 
-def _check_utf8(text: str, where: str) -> None:
+def check_utf8(text: str, where: str) -> None:
     """Raise ValueError naming ``where`` when ``text`` holds a lone surrogate (not encodable as UTF-8)."""
     if text.isascii():
         return
@@ -184,8 +184,8 @@ def _check_utf8(text: str, where: str) -> None:
 def _validate_pairs(pairs: Any) -> tuple[list[str], list[str], bool]:
     """Check ``pairs`` and split it; returns ``(premises, hypotheses, was_single_pair)``."""
     if isinstance(pairs, tuple) and len(pairs) == 2 and all(isinstance(x, str) for x in pairs):
-        _check_utf8(pairs[0], "pairs[0] (premise)")
-        _check_utf8(pairs[1], "pairs[1] (hypothesis)")
+        check_utf8(pairs[0], "pairs[0] (premise)")
+        check_utf8(pairs[1], "pairs[1] (hypothesis)")
         return [pairs[0]], [pairs[1]], True
     if pairs is None or isinstance(pairs, (str, bytes)) or not isinstance(pairs, Sequence):
         raise TypeError(f"pairs must be a list of (premise, hypothesis) string pairs; got {type(pairs).__name__}")
@@ -200,7 +200,7 @@ def _validate_pairs(pairs: Any) -> tuple[list[str], list[str], bool]:
         for j, field in enumerate(("premise", "hypothesis")):
             if not isinstance(pair[j], str):
                 raise TypeError(f"pairs[{i}][{j}] ({field}) must be str; got {type(pair[j]).__name__}")
-            _check_utf8(pair[j], f"pairs[{i}][{j}] ({field})")
+            check_utf8(pair[j], f"pairs[{i}][{j}] ({field})")
         premises.append(pair[0])
         hypotheses.append(pair[1])
     return premises, hypotheses, False
