@@ -170,7 +170,7 @@ def _pid_alive(pid: int) -> bool:
 def clean_leftovers(parent: Path) -> list[Path]:
     """Remove the folders that interrupted exports left in ``parent``: those whose exporting process (named in the
     folder's name) is gone, and those that name none and are older than a day. Returns what was removed."""
-    removed = []
+    removed: list[Path] = []
     if not parent.is_dir():
         return removed
     for path in parent.iterdir():
