@@ -205,6 +205,26 @@ def test_admission_refuses_work_that_cannot_finish_in_time() -> None:
         assert b.close(10)
 
 
+def test_a_pass_holds_at_most_half_the_queue_bound() -> None:
+    class Fixed(WorkRate):
+        def observe(self, tokens: float, seconds: float) -> None:  # the gate's wait would lower the estimate
+            pass
+
+    eng = RowEngine()
+    b = DynamicBatcher(eng, log_interval_s=0, max_queue_s=1.0, rate=Fixed(initial=100.0)).start()
+    pair = ("a" * 40, "b" * 40)  # 23 estimated tokens; a pass holds at most 50 (0.5 s at 100 tokens/s)
+    try:
+        first = b.submit([pair])
+        assert eng.entered.wait(10)
+        futures = [b.submit([pair]) for _ in range(3)]
+        eng.gate.set()
+        for f in [first, *futures]:
+            assert f.result(10).shape == (1, 3)
+        assert [len(c) for c in eng.calls] == [1, 2, 1]  # without the time budget: [1, 3]
+    finally:
+        assert b.close(10)
+
+
 def test_overload_answers_429_with_the_estimated_retry(engine: NLIEngine) -> None:
     gated = GatedEngine(engine)
     pair = ["x" * 100, "y" * 20]  # 25 + 5 + 3 = 33 estimated tokens: 0.66 s at 50 tokens/s

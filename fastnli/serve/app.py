@@ -566,11 +566,14 @@ def create_app(engine: EngineLike | EngineFactory, config: ServeConfig | None = 
         try:
             yield
         finally:
+            # after a drain every request has been answered: a model still loading or a pass still running after
+            # its grace helps no one, so the wait is short (the loader and batcher threads are daemons)
+            wait = 1.0 if state.closing else cfg.graceful_timeout_s
             state.begin_drain()
             if loader is not None and loader.is_alive():
-                await asyncio.to_thread(loader.join, cfg.graceful_timeout_s)
+                await asyncio.to_thread(loader.join, wait)
             if state.batcher is not None:
-                await asyncio.to_thread(state.batcher.close, cfg.graceful_timeout_s)
+                await asyncio.to_thread(state.batcher.close, wait)
 
     def route(path: str, name: str, handler: Handler, method: str) -> Route:
         return Route(path, _endpoint(state, name, handler), methods=[method], name=name)

@@ -7,8 +7,9 @@ rows. One thread (``fastnli-batcher``) owns the engine and loops:
 2. if the engine was idle, hold that job up to ``max_wait_ms`` for others to join (skipped as soon as the waiting
    jobs fill the pass, or when shutting down); under load jobs have accumulated while the previous pass ran, so no
    wait happens (continuous batching);
-3. take jobs in arrival order while the pass stays within ``max_pass_pairs`` and a padded-token budget
-   (``pairs x longest pair``, the cost model of TEI's and infinity's queues, with tokens estimated from the texts);
+3. take jobs in arrival order while the pass stays within ``max_pass_pairs``, a padded-token budget
+   (``pairs x longest pair``, the cost model of TEI's and infinity's queues, with tokens estimated from the texts) and
+   half of ``max_queue_s`` of estimated engine time (every job of a pass gets its result at the pass's end);
    a job is never split, a job larger than the budget gets a pass of its own, and jobs whose caller has gone
    (future cancelled: client disconnect or timeout) are skipped and counted as dropped;
 4. one ``engine.predict_with_stats`` over all their pairs — the engine dedups identical pairs across requests and
@@ -143,7 +144,7 @@ class DynamicBatcher:
         log_interval_s: seconds between INFO summaries of traffic (default 60; 0 = none).
         retry_after_s: the least retry hint carried by :class:`Overloaded` (default 1).
         max_queue_s: most estimated seconds from admission to result, the work already waiting and running
-            included (default 1.5); a job that would take longer is refused with :class:`Overloaded`, unless the
+            included (default 1.0); a pass holds at most half of it; a job that would take longer is refused with :class:`Overloaded`, unless the
             engine is idle and nothing waits.
         deadline_s: seconds a caller waits for its result (default None: no limit); a job whose own estimated work
             is longer is refused with :class:`TooLarge`.
@@ -153,7 +154,7 @@ class DynamicBatcher:
     def __init__(self, engine: EngineLike, max_wait_ms: float = 0.0, max_pass_pairs: int = 512,
                  max_pass_tokens: int | None = None, queue_size: int = 256, max_queued_pairs: int = 8192,
                  model_max_length: int = 512, metrics: ServeMetrics | None = None, log_interval_s: float = 60.0,
-                 retry_after_s: int = 1, max_queue_s: float = 1.5, deadline_s: float | None = None,
+                 retry_after_s: int = 1, max_queue_s: float = 1.0, deadline_s: float | None = None,
                  rate: WorkRate | None = None) -> None:
         self.engine = engine
         self.max_wait_s = max(0.0, float(max_wait_ms)) / 1000.0
@@ -313,7 +314,10 @@ class DynamicBatcher:
     def _take(self) -> list[_Job]:
         """Pop the jobs of the next pass (called with the lock held)."""
         batch: list[_Job] = []
-        rows, longest = 0, 0
+        rows, longest, work = 0, 0, 0
+        # a pass's result comes at its end: a pass longer than half the queue bound would make the jobs at its front
+        # wait for those behind them, beyond the time they were admitted for
+        work_budget = self.rate.tokens_per_s * self.max_queue_s / 2
         now = time.monotonic()
         while self._queue:
             job = self._queue[0]
@@ -324,7 +328,7 @@ class DynamicBatcher:
                 self._totals.dropped += 1
                 continue
             n, top = rows + len(job.pairs), max(longest, job.longest)
-            if batch and (n > self.max_pass_pairs or n * top > self.max_pass_tokens):
+            if batch and (n > self.max_pass_pairs or n * top > self.max_pass_tokens or work + job.work > work_budget):
                 break
             self._queue.popleft()
             self._queued_pairs -= len(job.pairs)
@@ -334,7 +338,7 @@ class DynamicBatcher:
                 continue
             self.metrics.queue_wait.observe(now - job.enqueued)
             batch.append(job)
-            rows, longest = n, top
+            rows, longest, work = n, top, work + job.work
         self._update_gauges()
         return batch
 
