@@ -9,14 +9,14 @@ library's own code (:func:`fastnli.scorers.api.plan_scores` / :func:`~fastnli.sc
 what the library computes. Request validation lives in :mod:`fastnli.serve.payloads`.
 
 Before any work a request must pass, in this order: the API key (``Authorization: Bearer``, when
-``config.api_key`` is set; every route but ``/health`` and ``/ready``), the service state (503 while loading or
-draining), ``Content-Type: application/json`` (415; a cross-site form or ``text/plain`` POST is refused), the body
-size. A body over 64 KiB is decoded and validated on a worker thread, never on the event loop, and each request's
+``config.api_key`` is set; every route but ``/health`` and ``/ready``), the service state (503 while draining),
+``Content-Type: application/json`` (415; a cross-site form or ``text/plain`` POST is refused), the body size (413)
+and its arrival within ``request_timeout_s`` (408). A body over 64 KiB is decoded and validated on a worker thread, never on the event loop, and each request's
 pair count is computed from its shape before any pair is built (413 in time linear in the body).
 
 Errors use TEI's body form ``{"error": str, "error_type": str}``: 413/415/422 ``Validation``, 401 ``Unauthorized``,
 429 ``Overloaded`` (with ``Retry-After``), 503 ``Unhealthy`` (model loading or shutting down, with ``Retry-After``),
-504 ``Timeout``, 500 ``Backend`` (the engine raised).
+408/504 ``Timeout``, 500 ``Backend`` (the engine raised).
 
 ``POST /predict`` follows text-embeddings-inference's sequence-classification route. TEI's ``raw_scores: true``
 returns logits; the engine returns probabilities only, so the service returns **natural-log probabilities** as raw
