@@ -347,7 +347,11 @@ def phase_sigterm(server: Server) -> dict[str, Any]:
     time.sleep(2.0)
     signalled = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
-    code = server.proc.wait(30)
+    try:
+        code: int | None = server.proc.wait(40)
+    except subprocess.TimeoutExpired:  # still running after 40 s: killed, and the row fails
+        server.proc.kill()
+        code = None
     exit_s = time.monotonic() - signalled
     for t in threads:
         t.join()

@@ -33,7 +33,7 @@ _HELP = {
     "shutdown_timeout_s": "seconds a graceful shutdown (SIGTERM) may take; 503 to new requests meanwhile (default 20)",
     "log_interval_s": "seconds between INFO traffic summaries (default 60; 0 = none)",
     "max_queue_seconds": "most estimated seconds of engine work a request may queue behind, its own included; more "
-                         "get 429 + Retry-After at once (default 1)",
+                         "get 429 + Retry-After at once (default 0.75)",
     "initial_tokens_per_s": "engine speed assumed until measured, estimated tokens/s (default 2000)",
     "api_key": "require 'Authorization: Bearer KEY' on every route but /health and /ready (default: none)",
 }

@@ -144,7 +144,7 @@ class DynamicBatcher:
         log_interval_s: seconds between INFO summaries of traffic (default 60; 0 = none).
         retry_after_s: the least retry hint carried by :class:`Overloaded` (default 1).
         max_queue_s: most estimated seconds from admission to result, the work already waiting and running
-            included (default 1.0); a pass holds at most half of it; a job that would take longer is refused with :class:`Overloaded`, unless the
+            included (default 0.75); a pass holds at most half of it; a job that would take longer is refused with :class:`Overloaded`, unless the
             engine is idle and nothing waits.
         deadline_s: seconds a caller waits for its result (default None: no limit); a job whose own estimated work
             is longer is refused with :class:`TooLarge`.
@@ -154,7 +154,7 @@ class DynamicBatcher:
     def __init__(self, engine: EngineLike, max_wait_ms: float = 0.0, max_pass_pairs: int = 512,
                  max_pass_tokens: int | None = None, queue_size: int = 256, max_queued_pairs: int = 8192,
                  model_max_length: int = 512, metrics: ServeMetrics | None = None, log_interval_s: float = 60.0,
-                 retry_after_s: int = 1, max_queue_s: float = 1.0, deadline_s: float | None = None,
+                 retry_after_s: int = 1, max_queue_s: float = 0.75, deadline_s: float | None = None,
                  rate: WorkRate | None = None) -> None:
         self.engine = engine
         self.max_wait_s = max(0.0, float(max_wait_ms)) / 1000.0
