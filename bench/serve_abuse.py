@@ -15,7 +15,8 @@ request. Every phase is bounded in time and in requests. Phases, each a row of t
    errors, client timeouts), computed-then-timed-out (504 plus the server's ``fastnli_wasted_requests_total``), p99
    of the accepted (200) requests, useful throughput (200 answers/s) over capacity, and the seconds until a single
    request is again as fast as unloaded (within 1.5x the unloaded median + 20 ms).
-3. ``hostile``: bodies up to 2 MB (quadratic ``/v1/ncp`` and ``/v1/calm/check``, deep nesting, surrogates, many
+3. ``hostile``: bodies up to 2 MB (quadratic ``/v1/ncp`` and ``/v1/calm/check``, a statement citing 100 documents
+   (201 pairs whose premises repeat them), deep nesting, surrogates, many
    pairs, wrong types, malformed JSON, ``text/plain``, a 3 MB body, a slow client). For each: its status, the longest
    ``/health`` answer while it runs (a probe thread asks every 10 ms: the event loop's stall), the server's RSS growth
    (``/proc/PID/status``), and ``/health`` after it.
@@ -231,6 +232,8 @@ def _hostile_cases() -> list[tuple[str, bytes, dict[str, str], str]]:
     docs = [f"Document {d} says many things." for d in range(20)]
     answer = " ".join(f"Statement {i} is true [{i % 20 + 1}][{(i + 7) % 20 + 1}]." for i in range(400))
     calm = json.dumps([{"answer": answer[:9900], "documents": docs, "verifier_answer": answer[:9900]}] * 4).encode()
+    cites = "".join(f"[{d + 1}]" for d in range(100))
+    calm_cites = json.dumps({"answer": f"One claim {cites}.", "documents": ["word " * 1900] * 100}).encode()
     deep = b'{"pairs": ' + b"[" * 999_990 + b"]" * 999_990 + b"}"
     many = json.dumps({"pairs": [["premise text here", "hypothesis"]] * 50_000}).encode()
     surrogates = b'{"pairs": [' + b",".join([b'["\\ud800 text", "x"]'] * 90_000) + b"]}"
@@ -239,6 +242,7 @@ def _hostile_cases() -> list[tuple[str, bytes, dict[str, str], str]]:
         ("ncp k=3000 (26 KB)", ncp_k, JSON, "/v1/ncp"),
         ("ncp 180k samples (2 MB)", ncp_big, JSON, "/v1/ncp"),
         ("calm 4 items (80 KB)", calm, JSON, "/v1/calm/check"),
+        ("calm citing 100 documents (1 MB)", calm_cites, JSON, "/v1/calm/check"),
         ("deep nesting (2 MB)", deep, JSON, "/v1/nli"),
         ("50k pairs (2 MB)", many, JSON, "/v1/nli"),
         ("90k surrogates (2 MB)", surrogates, JSON, "/v1/nli"),

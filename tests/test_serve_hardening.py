@@ -26,7 +26,7 @@ pytest.importorskip("uvicorn")
 
 from test_serve import LIMITS, GatedEngine, RowEngine, call, in_threads, join, nli_probs, serving, until  # noqa: E402
 
-from fastnli.calm.checks import AnswerInput, CheckConfig, count_check_pairs, plan_checks  # noqa: E402
+from fastnli.calm.checks import AnswerInput, CheckConfig, CheckCost, check_cost, plan_checks  # noqa: E402
 from fastnli.calm.documents import Document  # noqa: E402
 from fastnli.engine import NLIEngine  # noqa: E402
 from fastnli.scorers.api import SCORERS, count_pairs, plan_scores  # noqa: E402
@@ -128,12 +128,13 @@ sentences = st.lists(st.sampled_from(["Paris is big [1].", "It rains [2][1].", "
 @given(answers=st.lists(sentences, min_size=1, max_size=3), verifier=st.lists(st.one_of(st.none(), sentences),
                                                                               min_size=3, max_size=3),
        check_citations=st.booleans())
-def test_count_check_pairs_equals_the_plan(answers: list[list[str]], verifier: list[list[str] | None],
-                                           check_citations: bool) -> None:
+def test_check_cost_equals_the_plan(answers: list[list[str]], verifier: list[list[str] | None],
+                                    check_citations: bool) -> None:
     docs = [Document("Paris is a big city."), Document("It rains a lot.", "Weather"), Document("Cats sleep.")]
     items = [AnswerInput(" ".join(a), docs, None if v is None else " ".join(v)) for a, v in zip(answers, verifier)]
     cfg = CheckConfig(check_citations=check_citations)
-    assert count_check_pairs(items, cfg) == len(plan_checks(items, cfg).pairs)
+    pairs = plan_checks(items, cfg).pairs
+    assert check_cost(items, cfg) == CheckCost(len(pairs), sum(len(p) + len(h) for p, h in pairs))
 
 
 def test_quadratic_requests_are_refused_before_any_pair_is_built(engine: NLIEngine,
@@ -146,7 +147,7 @@ def test_quadratic_requests_are_refused_before_any_pair_is_built(engine: NLIEngi
 
     monkeypatch.setattr(api, "_plan", never)
     monkeypatch.setattr(checks, "_plan_answer", never)
-    with serving(engine, max_body_bytes=2_000_000, max_text_chars=10_000) as s:
+    with serving(engine, max_body_bytes=2_000_000, max_text_chars=10_000) as s:  # limit 64 x 10000 characters
         samples = [f"sample {i}" for i in range(3000)]
         status, _, err = call(s, "/v1/ncp", {"response": "r", "sampled_responses": samples,
                                              "scorers": ["semantic_negentropy"]})
@@ -157,6 +158,16 @@ def test_quadratic_requests_are_refused_before_any_pair_is_built(engine: NLIEngi
         status, _, err = call(s, "/v1/calm/check", {"answer": answer, "documents": ["d"], "verifier_answer": verifier})
         assert (status, err["error"]) == (413, "the request needs 90300 NLI pairs; the limit is 64 per request "
                                                "(FASTNLI_MAX_PAIRS_PER_REQUEST); split the request")
+        cites = "".join(f"[{i + 1}]" for i in range(40))  # 81 pairs, each premise up to 40 documents of 3000 chars
+        status, _, err = call(s, "/v1/calm/check", {"answer": f"One claim {cites}.", "documents": ["d" * 3000] * 40})
+        assert (status, err["error"]) == (413, "the request needs 81 NLI pairs; the limit is 64 per request "
+                                               "(FASTNLI_MAX_PAIRS_PER_REQUEST); split the request")
+        cites = "".join(f"[{i + 1}]" for i in range(20))  # 41 pairs: 20 x 3000 chars x (1 + 1 + 19) = 1.26M chars
+        status, _, err = call(s, "/v1/calm/check", {"answer": f"One claim {cites}.", "documents": ["d" * 3000] * 20})
+        assert (status, err["error"]) == (413, "the request's NLI pairs hold 1260789 characters (each citation pair "
+                                               "of a statement repeats its cited documents); the limit is 640000 "
+                                               "(FASTNLI_MAX_PAIRS_PER_REQUEST x FASTNLI_MAX_TEXT_CHARS); cite fewer or "
+                                               "shorter documents per statement, or split the request")
         status, _, err = call(s, "/v1/ncp", [{"response": "a", "sampled_responses": ["a"]}] * 65)
         assert (status, err["error"]) == (413, "request body has 65 items; the limit is 64 per request "
                                                "(FASTNLI_MAX_PAIRS_PER_REQUEST); split the request")
@@ -256,6 +267,18 @@ def test_metrics_report_the_measured_rate(engine: NLIEngine) -> None:
 
 
 # -- 5. shutdown ------------------------------------------------------------------------------------------------------
+def _read_reply(sock: socket.socket) -> str:
+    """One whole HTTP response (headers and a Content-Length body) from a raw socket."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"content-length: (\d+)", head, re.I).group(1))  # type: ignore[union-attr]
+    while len(body) < length:
+        body += sock.recv(65536)
+    return (head + b"\r\n\r\n" + body).decode()
+
+
 def test_shutdown_grace_answers_a_slow_client_503(engine: NLIEngine) -> None:
     server = BackgroundServer(engine, ServeConfig(host="127.0.0.1", port=0, **{**LIMITS, "shutdown_timeout_s": 3.0}))
     server.start()
@@ -265,7 +288,7 @@ def test_shutdown_grace_answers_a_slow_client_503(engine: NLIEngine) -> None:
                          b"Content-Length: 100\r\n\r\n{\"pairs\": ")  # the rest never comes
             until(lambda: server.state.inflight == 1)
             server.request_stop()
-            reply = slow.recv(65536).decode()
+            reply = _read_reply(slow)
         assert reply.startswith("HTTP/1.1 503 ")
         assert '"the service is shutting down and accepts no new work; retry on another instance"' in reply
         assert server.stop(timeout=20)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -53,7 +54,7 @@ from fastnli.engine.labels import CONTRADICTION, ENTAILMENT
 from fastnli.engine.protocol import EngineLike
 
 __all__ = ["AnswerCheck", "AnswerInput", "CheckConfig", "CheckPlan", "EngineLike", "PairPlan", "StatementCheck",
-           "check_answers", "count_check_pairs", "finish_checks", "plan_checks", "rouge_l"]
+           "CheckCost", "check_answers", "check_cost", "finish_checks", "plan_checks", "rouge_l"]
 
 logger = logging.getLogger("fastnli")
 
@@ -301,17 +302,51 @@ def _citation_pairs(statement: Statement, config: CheckConfig) -> int:
     return 1 + (2 * n if n > 1 else 0)
 
 
-def count_check_pairs(answers: Sequence[AnswerInput], config: CheckConfig | None = None) -> int:
-    """How many NLI pairs :func:`plan_checks` would plan for ``answers``, without building any pair.
+@dataclass(frozen=True)
+class CheckCost:
+    """What :func:`plan_checks` would plan, counted without building it: ``pairs`` NLI pairs holding ``chars``
+    characters of premise and hypothesis text (cited documents repeat in every citation pair of a statement)."""
 
-    Linear in the answers' text: a service refuses an over-limit request with it before the pairs (whose number
-    grows with statements x verifier sentences, and whose premises repeat cited documents) use memory."""
+    pairs: int
+    chars: int
+
+
+def _document_chars(doc: Document) -> int:
+    """Characters of one document in :func:`~fastnli.calm.documents.premise_text` (``"Title: t\\n"`` + text)."""
+    return len(doc.text) + (len(doc.title) + 8 if doc.title else 0)
+
+
+def check_cost(answers: Sequence[AnswerInput], config: CheckConfig | None = None) -> CheckCost:
+    """The pairs and text :func:`plan_checks` would plan for ``answers``, in time linear in their text.
+
+    A service refuses an over-limit request with it before any pair exists: the pairs grow with statements x
+    verifier sentences, and the premises of a statement's citation pairs repeat its cited documents."""
     config = config or CheckConfig()
-    total = 0
+    pairs = chars = 0
     for item in answers:
+        docs = list(item.documents)
         statements, verifier = _split(item)
-        total += sum(len(verifier or ()) + _citation_pairs(st, config) for st in statements)
-    return total
+        sentences = verifier or []
+        verifier_chars = sum(len(v) for v in sentences)
+        for st in statements:
+            h = len(st.text)
+            pairs += len(sentences)
+            chars += verifier_chars + h * len(sentences)
+            n_pairs = _citation_pairs(st, config)
+            if not n_pairs:
+                continue
+            pairs += n_pairs
+            cites = list(st.citations)
+            sizes = [_document_chars(docs[c]) for c in cites]
+            total, n = sum(sizes), len(cites)
+            chars += total + n - 1 + h  # joint: every cited document, newline-separated
+            if n > 1:
+                times = Counter(cites)
+                chars += total + n * h  # one pair per cited document alone
+                for c, size in zip(cites, sizes):  # the rest: every cited document but this one
+                    m = n - times[c]
+                    chars += total - times[c] * size + max(m - 1, 0) + h
+    return CheckCost(pairs, chars)
 
 
 def _plan_answer(plan: PairPlan, item: AnswerInput, config: CheckConfig) -> _AnswerPlan:

@@ -45,7 +45,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from fastnli.calm.checks import AnswerInput, CheckConfig, CheckPlan, count_check_pairs, finish_checks, plan_checks
+from fastnli.calm.checks import AnswerInput, CheckConfig, CheckPlan, check_cost, finish_checks, plan_checks
 from fastnli.engine.labels import CANONICAL_LABELS
 from fastnli.engine.protocol import EngineLike
 from fastnli.scorers.api import score_rows
@@ -59,6 +59,7 @@ from fastnli.serve.payloads import (
     NcpItem,
     calm_item,
     check_item_count,
+    check_pair_chars,
     check_pair_count,
     ncp_item,
     parse_pairs,
@@ -360,7 +361,9 @@ async def _calm_check(state: ServeState, request: Request) -> Response:
         check_item_count(len(raw), cfg)
         items = [calm_item(it, f"[{i}]." if batched else "", cfg) for i, it in enumerate(raw)]
         # statements x verifier sentences can be quadratic in the text: counted before any pair is built
-        check_pair_count(sum(count_check_pairs([answer], c) for answer, c in items), "the request needs", cfg)
+        costs = [check_cost([answer], c) for answer, c in items]
+        check_pair_count(sum(c.pairs for c in costs), "the request needs", cfg)
+        check_pair_chars(sum(c.chars for c in costs), cfg)
         return batched, items
 
     batched, items = await _parsed(state, request, parse)

@@ -21,7 +21,7 @@ from fastnli.scorers.questions import QUESTION_FORMAT, resolve_question_format
 from fastnli.serve.config import ENV_VARS, ServeConfig
 
 __all__ = ["ApiError", "CALM_FIELDS", "CHECK_FIELDS", "NCP_FIELDS", "NcpItem", "PREDICT_FIELDS", "calm_item", "check_item_count",
-           "check_pair_count", "check_text", "item_where", "ncp_item", "parse_pairs", "parse_predict",
+           "check_pair_chars", "check_pair_count", "check_text", "item_where", "ncp_item", "parse_pairs", "parse_predict",
            "parse_tei_inputs", "refuse_unknown", "require_bool", "require_list", "require_object", "require_str"]
 
 #: The :class:`~fastnli.calm.checks.CheckConfig` fields a ``/v1/calm/check`` item may set.
@@ -132,6 +132,17 @@ def check_pair_count(n: int, where: str, config: ServeConfig) -> None:
     if n > config.max_pairs_per_request:
         raise ApiError(413, f"{where} {n} NLI pairs; the limit is {config.max_pairs_per_request} per request "
                             f"({ENV_VARS['max_pairs_per_request']}); split the request")
+
+
+def check_pair_chars(chars: int, config: ServeConfig) -> None:
+    """413 when a request's planned pairs hold more text than ``max_pairs_per_request x max_text_chars`` characters
+    (a ``/v1/calm/check`` statement's citation pairs repeat its cited documents)."""
+    limit = config.max_pairs_per_request * config.max_text_chars
+    if chars > limit:
+        raise ApiError(413, f"the request's NLI pairs hold {chars} characters (each citation pair of a statement "
+                            f"repeats its cited documents); the limit is {limit} ({ENV_VARS['max_pairs_per_request']} "
+                            f"x {ENV_VARS['max_text_chars']}); cite fewer or shorter documents per statement, or "
+                            "split the request")
 
 
 def check_item_count(n: int, config: ServeConfig) -> None:
