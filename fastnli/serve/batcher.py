@@ -73,7 +73,7 @@ class WorkRate:
 
     Each pass adds its estimated tokens and its seconds to two sums that decay by ``decay`` per pass; the rate is
     their ratio, so long passes weigh more than short ones (whose fixed overhead would understate the speed) and
-    the last few dozen passes dominate. Before any pass, ``initial`` (tokens/s) holds, with the weight of one second
+    the last ten or so passes dominate. Before any pass, ``initial`` (tokens/s) holds, with the weight of one second
     of engine time.
 
     Args:
