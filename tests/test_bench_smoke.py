@@ -62,3 +62,14 @@ def test_bench_quick_writes_table_json_and_plots(ckpt_v1: Path, art_v1: Path, tm
     for png in ("throughput_vs_budget.png", "latency_vs_length.png", "roofline.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| workload | backend |" in (out / "bench.md").read_text()
+
+
+def test_serve_abuse_bodies_stay_within_the_goal_sizes() -> None:
+    """The hostile set of bench/serve_abuse.py: every body is at most 2 MB (the goal's bound) but the one that tests
+    the body limit, which must be over it."""
+    from bench.serve_abuse import _hostile_cases, pct
+
+    sizes = {name: len(body) for name, body, _, _ in _hostile_cases()}
+    assert sizes.pop("3 MB body") > 2_000_000
+    assert max(sizes.values()) <= 2_000_000 and min(sizes.values()) > 0  # the default max_body_bytes
+    assert [pct([3.0, 1.0, 2.0], q) for q in (0.0, 0.5, 0.99)] == [1.0, 2.0, 3.0]

@@ -258,8 +258,8 @@ BAD_REQUESTS = [
      "documents[0] is a mapping without a 'text' field (keys: ['title']); give a string or {'title': ..., "
      "'text': ...}"),
     ("/v1/calm/check", {"answer": "a", "config": {"threshold": 0.5}}, 422,
-     "field 'config' has unknown keys ['threshold']; allowed: ['accept_share', 'check_citations', "
-     "'contradiction_threshold', 'entailment_rule', 'entailment_threshold', 'min_citation_recall']"),
+     "field 'config' has unknown fields ['threshold']; allowed: accept_share, check_citations, "
+     "contradiction_threshold, entailment_rule, entailment_threshold, min_citation_recall"),
     ("/v1/calm/check", {"answer": "a", "config": {"accept_share": 2}}, 422,
      "field 'config': accept_share=2 must be within [0, 1]"),
     ("/predict", {"inputs": "one text"}, 422, "field 'inputs' is a single text; an NLI model classifies (premise, "
@@ -409,15 +409,14 @@ def test_graceful_shutdown_answers_every_accepted_request(engine: NLIEngine) -> 
         rest, results = in_threads([_nli_call(server, r) for r in requests[1:]])
         until(lambda: server.state.batcher.depth == 5)
         server.request_stop()  # what SIGTERM does
-
-        def refused() -> bool:
-            try:
-                socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
-                return False
-            except OSError:
-                return True
-
-        until(refused)  # no new connections while draining
+        until(lambda: server.state.closing)
+        # while draining: new requests get 503 at once, /ready says so, /health still answers
+        status, headers, err = call(server, "/v1/nli", {"pairs": [["new", "request"]]})
+        assert (status, headers["retry-after"], err) == (503, "1", {
+            "error": "the service is shutting down and accepts no new work; retry on another instance",
+            "error_type": "Unhealthy"})
+        assert call(server, "/ready")[:3:2] == (503, {"ready": False, "reason": "shutting down"})
+        assert call(server, "/health")[0] == 200
         gated.gate.set()
         join(first + rest)
         assert server.stop(timeout=30)
@@ -468,7 +467,7 @@ def test_config_env_flags_and_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FASTNLI_MAX_WAIT_MS", "7.5")
     monkeypatch.setenv("FASTNLI_QUEUE_SIZE", "9")
     cfg = ServeConfig()
-    assert (cfg.max_wait_ms, cfg.queue_size, cfg.host, cfg.graceful_timeout_s) == (7.5, 9, "127.0.0.1", 35.0)
+    assert (cfg.max_wait_ms, cfg.queue_size, cfg.host, cfg.graceful_timeout_s) == (7.5, 9, "127.0.0.1", 20.0)
     with pytest.raises(AttributeError):
         cfg.port = 1  # type: ignore[misc]
     args = build_parser().parse_args(["serve", "--model", "m", "--max-wait-ms", "0", "--max-pass-pairs", "1",

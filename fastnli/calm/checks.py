@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -53,7 +54,7 @@ from fastnli.engine.labels import CONTRADICTION, ENTAILMENT
 from fastnli.engine.protocol import EngineLike
 
 __all__ = ["AnswerCheck", "AnswerInput", "CheckConfig", "CheckPlan", "EngineLike", "PairPlan", "StatementCheck",
-           "check_answers", "finish_checks", "plan_checks", "rouge_l"]
+           "CheckCost", "check_answers", "check_cost", "finish_checks", "plan_checks", "rouge_l"]
 
 logger = logging.getLogger("fastnli")
 
@@ -282,12 +283,75 @@ class _AnswerPlan:
     nli_pairs: dict[str, int]
 
 
-def _plan_answer(plan: PairPlan, item: AnswerInput, config: CheckConfig) -> _AnswerPlan:
-    docs = list(item.documents)
-    statements = item.statements if item.statements is not None else split_statements(item.answer, len(docs))
+def _split(item: AnswerInput) -> tuple[list[Statement], list[str] | None]:
+    """The statements of ``item``'s answer and its verifier's sentences (None without a verifier answer)."""
+    statements = item.statements if item.statements is not None else split_statements(item.answer,
+                                                                                     len(item.documents))
     verifier = None
     if item.verifier_answer is not None:
         verifier = [t for t in (strip_citations(s) for s in split_sentences(item.verifier_answer)) if t]
+    return list(statements), verifier
+
+
+def _citation_pairs(statement: Statement, config: CheckConfig) -> int:
+    """How many citation pairs one statement needs: joint, and one single + one rest per citation when it has more
+    than one; none when citations are not checked, absent or out of range."""
+    n = len(statement.citations)
+    if not (config.check_citations and n and not statement.invalid_citations):
+        return 0
+    return 1 + (2 * n if n > 1 else 0)
+
+
+@dataclass(frozen=True)
+class CheckCost:
+    """What :func:`plan_checks` would plan, counted without building it: ``pairs`` NLI pairs holding ``chars``
+    characters of premise and hypothesis text (cited documents repeat in every citation pair of a statement)."""
+
+    pairs: int
+    chars: int
+
+
+def _document_chars(doc: Document) -> int:
+    """Characters of one document in :func:`~fastnli.calm.documents.premise_text` (``"Title: t\\n"`` + text)."""
+    return len(doc.text) + (len(doc.title) + 8 if doc.title else 0)
+
+
+def check_cost(answers: Sequence[AnswerInput], config: CheckConfig | None = None) -> CheckCost:
+    """The pairs and text :func:`plan_checks` would plan for ``answers``, in time linear in their text.
+
+    A service refuses an over-limit request with it before any pair exists: the pairs grow with statements x
+    verifier sentences, and the premises of a statement's citation pairs repeat its cited documents."""
+    config = config or CheckConfig()
+    pairs = chars = 0
+    for item in answers:
+        docs = list(item.documents)
+        statements, verifier = _split(item)
+        sentences = verifier or []
+        verifier_chars = sum(len(v) for v in sentences)
+        for st in statements:
+            h = len(st.text)
+            pairs += len(sentences)
+            chars += verifier_chars + h * len(sentences)
+            n_pairs = _citation_pairs(st, config)
+            if not n_pairs:
+                continue
+            pairs += n_pairs
+            cites = list(st.citations)
+            sizes = [_document_chars(docs[c]) for c in cites]
+            total, n = sum(sizes), len(cites)
+            chars += total + n - 1 + h  # joint: every cited document, newline-separated
+            if n > 1:
+                times = Counter(cites)
+                chars += total + n * h  # one pair per cited document alone
+                for c, size in zip(cites, sizes):  # the rest: every cited document but this one
+                    m = n - times[c]
+                    chars += total - times[c] * size + max(m - 1, 0) + h
+    return CheckCost(pairs, chars)
+
+
+def _plan_answer(plan: PairPlan, item: AnswerInput, config: CheckConfig) -> _AnswerPlan:
+    docs = list(item.documents)
+    statements, verifier = _split(item)
     counts = {"corroboration": 0, "citation": 0}
     plans = []
     for st in statements:
@@ -296,7 +360,7 @@ def _plan_answer(plan: PairPlan, item: AnswerInput, config: CheckConfig) -> _Ans
             sp.corroboration.append(plan.add(v, st.text))
         counts["corroboration"] += len(sp.corroboration)
         cites = list(st.citations)
-        if config.check_citations and cites and not st.invalid_citations:
+        if _citation_pairs(st, config):
             before = len(plan)
             sp.joint = plan.add(premise_text([docs[c] for c in cites]), st.text)
             if len(cites) > 1:

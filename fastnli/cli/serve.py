@@ -30,8 +30,12 @@ _HELP = {
     "max_body_bytes": "most bytes per request body; more get 413 (default 2000000)",
     "request_timeout_s": "seconds a request waits for its result before 504 (default 30)",
     "retry_after_s": "Retry-After seconds of a 429 (default 1)",
-    "shutdown_timeout_s": "seconds a graceful shutdown waits for requests in flight (default: timeout + 5)",
+    "shutdown_timeout_s": "seconds a graceful shutdown (SIGTERM) may take; 503 to new requests meanwhile (default 20)",
     "log_interval_s": "seconds between INFO traffic summaries (default 60; 0 = none)",
+    "max_queue_seconds": "most estimated seconds of engine work a request may queue behind, its own included; more "
+                         "get 429 + Retry-After at once (default 0.75)",
+    "initial_tokens_per_s": "engine speed assumed until measured, estimated tokens/s (default 2000)",
+    "api_key": "require 'Authorization: Bearer KEY' on every route but /health and /ready (default: none)",
 }
 
 
@@ -41,10 +45,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                              "max_pass_tokens": int, "queue_size": int, "max_queued_pairs": int,
                              "max_pairs_per_request": int, "max_text_chars": int, "max_body_bytes": int,
                              "request_timeout_s": float, "retry_after_s": int, "shutdown_timeout_s": float,
-                             "log_interval_s": float}
+                             "log_interval_s": float, "max_queue_seconds": float, "initial_tokens_per_s": float,
+                             "api_key": str}
     for f in dataclasses.fields(ServeConfig):
         p.add_argument(f"--{f.name.replace('_', '-')}", dest=f"serve_{f.name}", type=kinds[f.name], default=None,
-                       metavar=f.name.split("_")[-1].upper(),
+                       metavar={"initial_tokens_per_s": "RATE"}.get(f.name, f.name.split("_")[-1].upper()),
                        help=f"{_HELP[f.name]}; env {ENV_VARS[f.name]}")
 
 
@@ -59,9 +64,10 @@ def _run(args: argparse.Namespace) -> int:
     from fastnli.serve import run_server
 
     config = config_from_args(args)
-    if config.host not in ("127.0.0.1", "localhost", "::1"):
-        logger.warning("binding to %s: the service has no authentication; expose it only behind a proxy you control",
-                       config.host)
+    if config.host not in ("127.0.0.1", "localhost", "::1") and config.api_key is None:
+        logger.warning("binding to %s without an API key (--api-key or %s): anyone who reaches the port can use the "
+                       "service; set one, or expose it only behind a proxy you control", config.host,
+                       ENV_VARS["api_key"])
     run_server(lambda: engine_from_args(args), config)
     return 0
 

@@ -8,6 +8,7 @@ scatter back to input order. Probabilities are always ``(contradiction, neutral,
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +21,14 @@ import numpy as np
 from fastnli._env import env_str
 from fastnli.engine.batches import CPU_POLICY, CUDA_POLICY, BatchPolicy, RunStats, score_unique
 from fastnli.engine.labels import CANONICAL_LABELS
-from fastnli.engine.manifest import PRECISIONS, Manifest, check_local_path, checkpoint_hash, read_manifest
+from fastnli.engine.manifest import (
+    PRECISIONS,
+    Manifest,
+    check_local_path,
+    checkpoint_hash,
+    read_manifest,
+    verify_graph,
+)
 from fastnli.engine.result_cache import ResultCache
 from fastnli.engine.session import (
     Device,
@@ -105,10 +113,16 @@ def resolve_artifact(name_or_dir: str | Path, cache_dir: str | Path | None = Non
     ckpt, _ = resolve_checkpoint(name_or_dir)
     target = Path(cache_dir or cache_root()) / "artifacts" / checkpoint_hash(ckpt)[:24]
     try:
-        read_manifest(target)
+        manifest = read_manifest(target)
+        for entry in manifest.precisions.values():
+            verify_graph(target, entry)
         logger.info("using cached export %s of %s", target, name_or_dir)
-    except (FileNotFoundError, ValueError):
-        logger.info("exporting %s once into the cache %s", name_or_dir, target)
+    except (OSError, ValueError) as exc:
+        if target.exists():
+            logger.warning("the cached export %s of %s is damaged (%s); exporting it again", target, name_or_dir, exc)
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            logger.info("exporting %s once into the cache %s", name_or_dir, target)
         export(ckpt, target)
     return target
 
@@ -170,7 +184,7 @@ def _is_embedded(artifact_dir: Path) -> bool:
         return False
 
 
-def _check_utf8(text: str, where: str) -> None:
+def check_utf8(text: str, where: str) -> None:
     """Raise ValueError naming ``where`` when ``text`` holds a lone surrogate (not encodable as UTF-8)."""
     if text.isascii():
         return
@@ -184,8 +198,8 @@ def _check_utf8(text: str, where: str) -> None:
 def _validate_pairs(pairs: Any) -> tuple[list[str], list[str], bool]:
     """Check ``pairs`` and split it; returns ``(premises, hypotheses, was_single_pair)``."""
     if isinstance(pairs, tuple) and len(pairs) == 2 and all(isinstance(x, str) for x in pairs):
-        _check_utf8(pairs[0], "pairs[0] (premise)")
-        _check_utf8(pairs[1], "pairs[1] (hypothesis)")
+        check_utf8(pairs[0], "pairs[0] (premise)")
+        check_utf8(pairs[1], "pairs[1] (hypothesis)")
         return [pairs[0]], [pairs[1]], True
     if pairs is None or isinstance(pairs, (str, bytes)) or not isinstance(pairs, Sequence):
         raise TypeError(f"pairs must be a list of (premise, hypothesis) string pairs; got {type(pairs).__name__}")
@@ -200,7 +214,7 @@ def _validate_pairs(pairs: Any) -> tuple[list[str], list[str], bool]:
         for j, field in enumerate(("premise", "hypothesis")):
             if not isinstance(pair[j], str):
                 raise TypeError(f"pairs[{i}][{j}] ({field}) must be str; got {type(pair[j]).__name__}")
-            _check_utf8(pair[j], f"pairs[{i}][{j}] ({field})")
+            check_utf8(pair[j], f"pairs[{i}][{j}] ({field})")
         premises.append(pair[0])
         hypotheses.append(pair[1])
     return premises, hypotheses, False
@@ -284,10 +298,11 @@ class NLIEngine:
                    session_config=session_config, result_cache=result_cache)
 
     def _graph(self, precision: str) -> Path:
+        """The verified graph file of ``precision`` (:func:`~fastnli.engine.manifest.verify_graph`)."""
         if precision not in self.manifest.precisions:
             raise ValueError(f"precision={precision!r} is not in the artifact {self.artifact_dir} (it has "
                              f"{sorted(self.manifest.precisions)}); re-export with that precision")
-        return self.artifact_dir / self.manifest.precisions[precision].file
+        return verify_graph(self.artifact_dir, self.manifest.precisions[precision])
 
     def _warn_int8_below_gate(self) -> None:
         """precision='int8' asked for an INT8 graph that ``"auto"`` would not pick: say so, with the figures."""

@@ -1,14 +1,17 @@
 """The export artifact's ``manifest.json``: what was exported, from what, with which tools, and how well it agrees.
 
 An artifact directory is loadable only when it holds a ``manifest.json`` whose ``complete`` field is true and
-whose graph files exist. The export writes the manifest last, inside a temporary directory that is renamed into
-place, so an interrupted export never leaves a loadable directory.
+whose graph files exist inside the directory (a name that is absolute or climbs out with ``..`` is refused). The export writes the manifest last, inside a temporary directory that is renamed into place, so an
+interrupted export never leaves a loadable directory. A graph is used only when its size and sha256 are the ones the
+manifest records (:func:`verify_graph`; a file already verified is not hashed again while its size and modification
+time stay the same).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,17 +96,71 @@ def read_manifest(artifact_dir: str | Path) -> Manifest:
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: {artifact_dir} is not a fastnli export artifact (create one "
                                 "with `fastnli export MODEL --out DIR`)")
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise TypeError(f"a JSON {type(data).__name__}, not an object")
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{path} is not a readable manifest ({exc}); re-run the export") from None
     if data.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{path}: format_version {data.get('format_version')!r} is not supported (this fastnli "
                          f"reads version {FORMAT_VERSION}); re-export the model with this fastnli version")
-    manifest = Manifest.from_dict(data)
+    try:
+        manifest = Manifest.from_dict(data)
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"{path} is malformed ({type(exc).__name__}: {exc}); re-run the export") from None
     if not manifest.complete:
         raise ValueError(f"{path}: the export did not complete; re-run `fastnli export`")
     for name, entry in manifest.precisions.items():
-        if not (Path(artifact_dir) / entry.file).is_file():
+        if not artifact_file(artifact_dir, entry.file, f"{path}: precision {name!r}").is_file():
             raise ValueError(f"{path}: precision {name!r} names {entry.file!r}, which is missing; re-run the export")
+    for name in manifest.tokenizer_files:
+        artifact_file(artifact_dir, name, f"{path}: tokenizer_files")
     return manifest
+
+
+def artifact_file(artifact_dir: str | Path, name: str, where: str) -> Path:
+    """The path of the file ``name`` of an artifact; ValueError (naming ``where``) when ``name`` is absolute or
+    climbs out with ``..``: a manifest never makes the engine read a file it does not name inside the directory (a
+    link placed in the directory is the directory owner's choice, and a graph's content is verified anyway)."""
+    rel = Path(name)
+    if rel.is_absolute() or rel.drive or ".." in rel.parts:
+        raise ValueError(f"{where} names {name!r}, which is outside the artifact directory {Path(artifact_dir)}; a "
+                         "manifest may only name files inside it: re-export the model")
+    return Path(artifact_dir) / rel
+
+
+#: (resolved path, size, mtime in ns) -> sha256 of the graphs verified in this process
+_VERIFIED: dict[tuple[str, int, int], str] = {}
+_VERIFIED_LOCK = threading.Lock()
+
+
+def verify_graph(artifact_dir: str | Path, entry: PrecisionEntry) -> Path:
+    """The graph file of ``entry``, after checking that its size and sha256 are the manifest's.
+
+    The hash (about 1 s per GB) is computed once per file version: while a file keeps its size and modification
+    time, a later load in the same process trusts the earlier result.
+
+    Raises:
+        ValueError: the file is outside the artifact, or its size or sha256 differ from the manifest's (the graph
+            was edited, truncated or replaced after export): re-export the model.
+    """
+    path = artifact_file(artifact_dir, entry.file, f"{Path(artifact_dir) / MANIFEST_NAME}")
+    st = path.stat()
+    if st.st_size != entry.bytes:
+        raise ValueError(f"{path} is {st.st_size} bytes but the manifest records {entry.bytes}: the graph was "
+                         "truncated or replaced after export; re-export the model (`fastnli export`)")
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    with _VERIFIED_LOCK:
+        known = _VERIFIED.get(key)
+    digest = known or sha256_file(path)
+    if digest != entry.sha256:
+        raise ValueError(f"{path} has sha256 {digest[:16]}… but the manifest records {entry.sha256[:16]}…: the graph "
+                         "was changed after export, so its results would not be the artifact's; re-export the model "
+                         "(`fastnli export`)")
+    with _VERIFIED_LOCK:
+        _VERIFIED[key] = digest
+    return path
 
 
 def looks_like_local_path(name: str | Path) -> bool:

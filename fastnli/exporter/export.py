@@ -3,7 +3,8 @@
 The artifact directory holds ``model_fp32.onnx``, ``model_fp16.onnx``, ``model_int8.onnx`` (those asked for), the
 tokenizer files and ``manifest.json`` with validation figures of every graph against PyTorch fp32 on the built-in
 probe set. It is written into a temporary sibling directory and renamed into place at the end, so an interrupted
-export never leaves a directory that loads. Needs the export extra: ``pip install 'fastnli[export]'``.
+export never leaves a directory that loads; the next export into the same folder removes such leftovers
+(:func:`clean_leftovers`). Needs the export extra: ``pip install 'fastnli[export]'``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import time
 import uuid
@@ -149,12 +151,48 @@ def _validation(ref: np.ndarray, got: np.ndarray, seconds: float) -> Validation:
                       argmax_agreement=float(np.mean(ref.argmax(1) == got.argmax(1))), seconds=round(seconds, 4))
 
 
+#: A leftover of an interrupted export: ``.<name>.partial-<pid>-<hex>`` (or ``.old-`` of a replaced artifact).
+_LEFTOVER = re.compile(r"^\..+\.(partial|old)-(?:(\d+)-)?[0-9a-f]{8}$")
+#: Seconds after which a leftover that names no process is removed.
+_LEFTOVER_AGE_S = 24 * 3600
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def clean_leftovers(parent: Path) -> list[Path]:
+    """Remove the folders that interrupted exports left in ``parent``: those whose exporting process (named in the
+    folder's name) is gone, and those that name none and are older than a day. Returns what was removed."""
+    removed: list[Path] = []
+    if not parent.is_dir():
+        return removed
+    for path in parent.iterdir():
+        m = _LEFTOVER.match(path.name)
+        if not m or not path.is_dir():
+            continue
+        pid = m.group(2)
+        stale = (not _pid_alive(int(pid))) if pid else time.time() - path.stat().st_mtime > _LEFTOVER_AGE_S
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    if removed:
+        logger.info("removed %d folders left by interrupted exports in %s", len(removed), parent)
+    return removed
+
+
 def _place(tmp: Path, out: Path) -> None:
     """Atomically move the finished artifact ``tmp`` to ``out`` (replacing an older artifact there)."""
     if out.exists():
         if any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
             raise FileExistsError(f"{out} exists and is not a fastnli artifact; choose an empty or new directory")
-        old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+        old = out.with_name(f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         os.replace(out, old)
         os.replace(tmp, out)
         shutil.rmtree(old, ignore_errors=True)
@@ -202,7 +240,8 @@ def export(
 
     out = Path(out_dir).expanduser().resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.partial-{uuid.uuid4().hex[:8]}")
+    clean_leftovers(out.parent)
+    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
         t0 = time.perf_counter()

@@ -172,6 +172,24 @@ def _plan(responses: Sequence[str], samples: Sequence[Sequence[str]], full: bool
     return pairs, prompts
 
 
+def _pairs_for(k: int, full: bool) -> int:
+    """Directed pairs :func:`_plan` makes for ``k`` unique texts: all ordered pairs when ``full``, else the
+    response against each other text, both ways."""
+    return k * (k - 1) if full else 2 * max(k - 1, 0)
+
+
+def count_pairs(responses: Sequence[str], sampled_responses: Sequence[Sequence[str]],
+                scorers: Sequence[str] = ("noncontradiction",), return_matrix: bool = False) -> int:
+    """How many NLI pairs :func:`plan_scores` plans, computed in time linear in the texts without building a pair.
+
+    ``k`` unique texts (a response and its samples) need ``k(k - 1)`` pairs with a semantic scorer (or
+    ``return_matrix``), else ``2(k - 1)``; a service refuses an over-limit request with it before any pair exists.
+    Inputs are not validated here (:func:`plan_scores` does that).
+    """
+    full = bool(_SEMANTIC & set(scorers)) or return_matrix
+    return sum(_pairs_for(len(dict.fromkeys([r, *s])), full) for r, s in zip(responses, sampled_responses))
+
+
 def _matrix(p: _Prompt, probs: np.ndarray) -> np.ndarray:
     k = len(p.uniq)
     P = np.zeros((k, k, 3), dtype=np.float32)

@@ -8,9 +8,15 @@ library's own code (:func:`fastnli.scorers.api.plan_scores` / :func:`~fastnli.sc
 :func:`fastnli.calm.checks.plan_checks` / :func:`~fastnli.calm.checks.finish_checks`), so the service answers exactly
 what the library computes. Request validation lives in :mod:`fastnli.serve.payloads`.
 
-Errors use TEI's body form ``{"error": str, "error_type": str}``: 413/422 ``Validation``, 429 ``Overloaded`` (with
-``Retry-After``), 503 ``Unhealthy`` (model loading or shutting down, with ``Retry-After``), 504 ``Timeout``, 500
-``Backend`` (the engine raised).
+Before any work a request must pass, in this order: the API key (``Authorization: Bearer``, when
+``config.api_key`` is set; every route but ``/health`` and ``/ready``), the service state (503 while draining),
+``Content-Type: application/json`` (415; a cross-site form or ``text/plain`` POST is refused), the body size (413)
+and its arrival within ``request_timeout_s`` (408). A body over 64 KiB is decoded and validated on a worker thread, never on the event loop, and each request's
+pair count is computed from its shape before any pair is built (413 in time linear in the body).
+
+Errors use TEI's body form ``{"error": str, "error_type": str}``: 413/415/422 ``Validation``, 401 ``Unauthorized``,
+429 ``Overloaded`` (with ``Retry-After``), 503 ``Unhealthy`` (model loading or shutting down, with ``Retry-After``),
+408/504 ``Timeout``, 500 ``Backend`` (the engine raised).
 
 ``POST /predict`` follows text-embeddings-inference's sequence-classification route. TEI's ``raw_scores: true``
 returns logits; the engine returns probabilities only, so the service returns **natural-log probabilities** as raw
@@ -23,13 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from starlette.applications import Starlette
@@ -38,22 +45,38 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from fastnli.calm.checks import CheckPlan, finish_checks, plan_checks
+from fastnli.calm.checks import AnswerInput, CheckConfig, CheckPlan, check_cost, finish_checks, plan_checks
 from fastnli.engine.labels import CANONICAL_LABELS
 from fastnli.engine.protocol import EngineLike
 from fastnli.scorers.api import score_rows
 from fastnli.scorers.questions import model_question_format
-from fastnli.serve.batcher import DynamicBatcher, Overloaded, ShuttingDown
+from fastnli.serve.batcher import DynamicBatcher, Overloaded, ShuttingDown, TooLarge, WorkRate
 from fastnli.serve.config import ENV_VARS, ServeConfig
 from fastnli.serve.metrics import CONTENT_TYPE, ServeMetrics
 from fastnli.serve.openapi import openapi_document
-from fastnli.serve.payloads import ApiError, calm_item, check_pair_count, ncp_item, parse_pairs, parse_predict
+from fastnli.serve.payloads import (
+    ApiError,
+    NcpItem,
+    calm_item,
+    check_item_count,
+    check_pair_chars,
+    check_pair_count,
+    ncp_item,
+    parse_pairs,
+    parse_predict,
+)
 
 __all__ = ["ServeState", "create_app"]
 
 logger = logging.getLogger("fastnli")
 
 EngineFactory = Callable[[], EngineLike]
+T = TypeVar("T")
+
+#: Bodies larger than this many bytes are decoded and validated on a worker thread (a 2 MB body takes tens of ms).
+OFF_LOOP_BYTES = 64 * 1024
+#: Routes that answer without an API key (health probes).
+OPEN_ROUTES = ("health", "ready")
 
 
 class _ClientGone(Exception):
@@ -71,6 +94,10 @@ class ServeState:
     load_error: str | None = None
     closing: bool = False
     started: float = field(default_factory=time.time)
+    #: scoring requests being answered (from their first byte to their response)
+    inflight: int = 0
+    #: set when the shutdown grace runs out: requests still waiting answer 503 at once
+    abort: asyncio.Event = field(default_factory=asyncio.Event)
     _tokenizer: Any = None
     _tokenizer_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -112,6 +139,24 @@ class ServeState:
                 self._tokenizer = tok
         return [len(e.ids) for e in self._tokenizer.encode_batch(list(pairs), add_special_tokens=True)]
 
+    def begin_drain(self) -> None:
+        """Refuse new requests (503) from now on; those already begun go on, their engine work included."""
+        self.closing = True
+        self.metrics.ready.set(value=0)
+
+    async def drain(self, seconds: float) -> bool:
+        """:meth:`begin_drain`, wait up to ``seconds`` for the accepted requests to be answered, then make those still
+        waiting answer 503 (:attr:`abort`); True when all were answered in time."""
+        self.begin_drain()
+        deadline = time.monotonic() + max(0.0, seconds)
+        while self.inflight or (self.batcher is not None and not self.batcher.idle):
+            if time.monotonic() >= deadline:
+                logger.warning("shutdown grace over: %d requests still in flight get 503", self.inflight)
+                self.abort.set()
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
     def info(self) -> dict[str, Any]:
         e = self.engine
         return {"model_id": self.model_id, "device": getattr(e, "device", None),
@@ -121,11 +166,42 @@ class ServeState:
 
 # -- helpers ----------------------------------------------------------------------------------------------------
 def _error_response(exc: ApiError) -> JSONResponse:
-    return JSONResponse({"error": exc.message, "error_type": exc.error_type}, status_code=exc.status,
+    # a message may quote a client's text; a lone surrogate in it must not make the error itself fail to encode
+    message = exc.message.encode("utf-8", "backslashreplace").decode("utf-8")
+    return JSONResponse({"error": message, "error_type": exc.error_type}, status_code=exc.status,
                         headers=exc.headers)
 
 
-async def _read_json(request: Request, config: ServeConfig) -> Any:
+def _shutting_down(config: ServeConfig) -> ApiError:
+    return ApiError(503, "the service is shutting down and accepts no new work; retry on another instance",
+                    "Unhealthy", {"Retry-After": str(max(1, config.retry_after_s))})
+
+
+async def _or_abort(state: ServeState, work: Awaitable[T], timeout: float | None) -> tuple[str, T | None]:
+    """Await ``work`` unless ``timeout`` seconds pass or the shutdown grace runs out first: ``("done", result)``,
+    ``("timeout", None)`` or ``("abort", None)`` (``work`` is then cancelled)."""
+    task = asyncio.ensure_future(work)
+    aborted = asyncio.ensure_future(state.abort.wait())
+    try:
+        done, _ = await asyncio.wait({task, aborted}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return "done", task.result()
+        return ("abort" if aborted in done else "timeout"), None
+    finally:
+        aborted.cancel()
+        if not task.done():
+            task.cancel()
+
+
+def _check_content_type(request: Request) -> None:
+    raw = request.headers.get("content-type")
+    media = (raw or "").split(";")[0].strip().lower()
+    if media != "application/json":
+        got = f"{raw!r}" if raw else "none"
+        raise ApiError(415, f"Content-Type must be application/json; got {got}", "Validation")
+
+
+async def _read_body(request: Request, config: ServeConfig) -> bytes:
     limit = config.max_body_bytes
     too_big = (f"request body is larger than {limit} bytes, the limit ({ENV_VARS['max_body_bytes']}); split the "
                "request")
@@ -139,7 +215,10 @@ async def _read_json(request: Request, config: ServeConfig) -> Any:
         if size > limit:
             raise ApiError(413, too_big)
         chunks.append(chunk)
-    body = b"".join(chunks)
+    return b"".join(chunks)
+
+
+def _decode(body: bytes) -> Any:
     if not body.strip():
         raise ApiError(422, "request body is empty; send a JSON object")
     try:
@@ -149,6 +228,24 @@ async def _read_json(request: Request, config: ServeConfig) -> Any:
     except json.JSONDecodeError as exc:
         raise ApiError(422, f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") \
             from None
+    except RecursionError:
+        raise ApiError(422, "request body is nested too deeply to decode; send a flat JSON object") from None
+
+
+async def _parsed(state: ServeState, request: Request, parse: Callable[[Any], T]) -> T:
+    """The request's JSON body decoded and passed through ``parse`` (validation and counting), on a worker thread
+    when the body is larger than :data:`OFF_LOOP_BYTES`."""
+    cfg = state.config
+    _check_content_type(request)
+    outcome, body = await _or_abort(state, _read_body(request, cfg), cfg.request_timeout_s)
+    if outcome == "abort":
+        raise _shutting_down(cfg)
+    if body is None:
+        raise ApiError(408, f"the request body did not arrive within {cfg.request_timeout_s:g} s "
+                            f"({ENV_VARS['request_timeout_s']})", "Timeout")
+    if len(body) > OFF_LOOP_BYTES:
+        return await asyncio.to_thread(lambda: parse(_decode(body)))
+    return parse(_decode(body))
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -175,30 +272,37 @@ async def _run_pairs(state: ServeState, request: Request, pairs: list[tuple[str,
     try:
         fut = batcher.submit(pairs)
     except Overloaded as exc:
-        raise ApiError(429, str(exc), "Overloaded", {"Retry-After": str(cfg.retry_after_s)}) from None
-    except ShuttingDown as exc:
-        raise ApiError(503, str(exc), "Unhealthy", {"Retry-After": str(max(1, cfg.retry_after_s))}) from None
+        raise ApiError(429, str(exc), "Overloaded", {"Retry-After": str(exc.retry_after_s)}) from None
+    except TooLarge as exc:
+        raise ApiError(413, str(exc)) from None
+    except ShuttingDown:
+        raise _shutting_down(cfg) from None
+    finally:
+        state.metrics.engine_rate.set(value=batcher.rate.tokens_per_s)
     if fut.done():
         return fut.result()
     result = asyncio.wrap_future(fut)
     gone = asyncio.ensure_future(_wait_disconnect(request))
+    aborted = asyncio.ensure_future(state.abort.wait())
     try:
-        waiters: set[asyncio.Future[Any]] = {result, gone}
+        waiters: set[asyncio.Future[Any]] = {result, gone, aborted}
         done, _ = await asyncio.wait(waiters, timeout=cfg.request_timeout_s,
                                      return_when=asyncio.FIRST_COMPLETED)
         if result in done:
             return result.result()
-        reason = "disconnect" if gone in done else "timeout"
+        reason = "disconnect" if gone in done else "shutdown" if aborted in done else "timeout"
         dropped = fut.cancel()  # True: not in an engine pass yet, so its work is dropped
-        if dropped:
-            state.metrics.dropped.inc(reason)
+        (state.metrics.dropped if dropped else state.metrics.wasted).inc(reason)
         if reason == "disconnect":
             raise _ClientGone()
+        if reason == "shutdown":
+            raise _shutting_down(cfg)
         raise ApiError(504, f"no result within {cfg.request_timeout_s:g} s ({ENV_VARS['request_timeout_s']}); "
                             + ("the request was dropped before its engine pass" if dropped
                                else "its engine pass was still running"), "Timeout")
     finally:
         gone.cancel()
+        aborted.cancel()
         if not result.done():
             result.cancel()
 
@@ -210,7 +314,7 @@ def _labelled(names: Sequence[str], scores: np.ndarray) -> list[dict[str, Any]]:
 
 # -- endpoints --------------------------------------------------------------------------------------------------
 async def _nli(state: ServeState, request: Request) -> Response:
-    pairs = parse_pairs(await _read_json(request, state.config), state.config)
+    pairs = await _parsed(state, request, lambda body: parse_pairs(body, state.config))
     probs = await _run_pairs(state, request, pairs)
     labels = list(CANONICAL_LABELS)
     results = []
@@ -223,13 +327,18 @@ async def _nli(state: ServeState, request: Request) -> Response:
 
 
 async def _ncp(state: ServeState, request: Request) -> Response:
-    body = await _read_json(request, state.config)
-    batched = isinstance(body, list)
-    items = body if batched else [body]
-    plans = [ncp_item(item, f"[{i}]." if batched else "", state.config, model_question_format(state.engine))
-             for i, item in enumerate(items)]
-    n_pairs = sum(len(p.pairs) for p in plans)
-    check_pair_count(n_pairs, "the request needs", state.config)
+    cfg, question_format = state.config, model_question_format(state.engine)
+
+    def parse(body: Any) -> tuple[bool, list[NcpItem]]:
+        batched = isinstance(body, list)
+        raw = body if batched else [body]
+        check_item_count(len(raw), cfg)
+        items = [ncp_item(item, f"[{i}]." if batched else "", cfg, question_format) for i, item in enumerate(raw)]
+        check_pair_count(sum(it.n_pairs for it in items), "the request needs", cfg)  # before any pair is built
+        return batched, items
+
+    batched, items = await _parsed(state, request, parse)
+    plans = [it.plan() for it in items]
     probs = await _run_pairs(state, request, [pair for p in plans for pair in p.pairs])
     out, offset = [], 0
     for plan in plans:
@@ -244,10 +353,20 @@ async def _ncp(state: ServeState, request: Request) -> Response:
 
 
 async def _calm_check(state: ServeState, request: Request) -> Response:
-    body = await _read_json(request, state.config)
-    batched = isinstance(body, list)
-    items = [calm_item(it, f"[{i}]." if batched else "", state.config)
-             for i, it in enumerate(body if batched else [body])]
+    cfg = state.config
+
+    def parse(body: Any) -> tuple[bool, list[tuple[AnswerInput, CheckConfig]]]:
+        batched = isinstance(body, list)
+        raw = body if batched else [body]
+        check_item_count(len(raw), cfg)
+        items = [calm_item(it, f"[{i}]." if batched else "", cfg) for i, it in enumerate(raw)]
+        # statements x verifier sentences can be quadratic in the text: counted before any pair is built
+        costs = [check_cost([answer], c) for answer, c in items]
+        check_pair_count(sum(c.pairs for c in costs), "the request needs", cfg)
+        check_pair_chars(sum(c.chars for c in costs), cfg)
+        return batched, items
+
+    batched, items = await _parsed(state, request, parse)
     _ready(state)
     max_length = state.max_length
 
@@ -258,7 +377,6 @@ async def _calm_check(state: ServeState, request: Request) -> Response:
         return plans
 
     plans = await asyncio.to_thread(plan)
-    check_pair_count(sum(len(p.pairs) for p in plans), "the request needs", state.config)
     probs = await _run_pairs(state, request, [pair for p in plans for pair in p.pairs])
 
     def finish() -> list[dict[str, Any]]:
@@ -273,7 +391,7 @@ async def _calm_check(state: ServeState, request: Request) -> Response:
 
 
 async def _predict(state: ServeState, request: Request) -> Response:
-    pairs, batched, raw_scores, truncate = parse_predict(await _read_json(request, state.config), state.config)
+    pairs, batched, raw_scores, truncate = await _parsed(state, request, lambda b: parse_predict(b, state.config))
     if not truncate:
         _ready(state)
         lengths = await asyncio.to_thread(state.untruncated_lengths, pairs)
@@ -304,7 +422,8 @@ async def _ready_endpoint(state: ServeState, request: Request) -> Response:
 
 async def _info(state: ServeState, request: Request) -> Response:
     _ready(state)
-    limits = {k: v for k, v in state.config.as_dict().items() if k not in ("host", "port")}
+    limits = {k: v for k, v in state.config.as_dict().items() if k not in ("host", "port", "api_key")}
+    limits["auth"] = state.config.api_key is not None
     b = state.batcher
     if b is not None:
         limits["max_pass_tokens"] = b.max_pass_tokens
@@ -335,12 +454,36 @@ def _version() -> str:
 Handler = Callable[[ServeState, Request], Awaitable[Response]]
 
 
+#: The POST routes: they need a JSON body, are refused while draining and are waited for at shutdown.
+SCORING_ROUTES = ("nli", "ncp", "calm_check", "predict")
+
+
+def _authorize(config: ServeConfig, request: Request) -> None:
+    """401 unless ``config.api_key`` is unset or the request carries ``Authorization: Bearer <api_key>``."""
+    if config.api_key is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("utf-8", "replace"),
+                                                             config.api_key.encode("utf-8")):
+        raise ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>' with the key "
+                            f"the service was started with (--api-key or {ENV_VARS['api_key']})", "Unauthorized",
+                       {"WWW-Authenticate": "Bearer"})
+
+
 def _endpoint(state: ServeState, name: str, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
     """Wrap a handler: error mapping, latency and status metrics, one DEBUG line per request."""
 
+    scoring = name in SCORING_ROUTES
+
     async def endpoint(request: Request) -> Response:
         t0 = time.perf_counter()
+        if scoring:
+            state.inflight += 1
         try:
+            if name not in OPEN_ROUTES:
+                _authorize(state.config, request)
+            if scoring and state.closing:  # requests begun before the drain go on
+                raise _shutting_down(state.config)
             response = await handler(state, request)
         except ApiError as exc:
             response = _error_response(exc)
@@ -349,6 +492,9 @@ def _endpoint(state: ServeState, name: str, handler: Handler) -> Callable[[Reque
         except Exception as exc:
             logger.exception("%s %s failed", request.method, request.url.path)
             response = _error_response(ApiError(500, f"engine failure: {type(exc).__name__}: {exc}", "Backend"))
+        finally:
+            if scoring:
+                state.inflight -= 1
         seconds = time.perf_counter() - t0
         state.metrics.count_response(name, response.status_code)
         state.metrics.latency.observe(seconds, name)
@@ -388,7 +534,9 @@ def _attach(state: ServeState, engine: EngineLike) -> None:
                              max_queued_pairs=cfg.max_queued_pairs,
                              model_max_length=model_max if isinstance(model_max, int) else 512,
                              metrics=state.metrics, log_interval_s=cfg.log_interval_s,
-                             retry_after_s=cfg.retry_after_s)
+                             retry_after_s=cfg.retry_after_s,
+                             max_queue_s=min(cfg.max_queue_seconds, cfg.request_timeout_s),
+                             deadline_s=cfg.request_timeout_s, rate=WorkRate(cfg.initial_tokens_per_s))
     state.batcher = batcher.start()
     state.metrics.ready.set(value=1)
     info = state.info()
@@ -421,12 +569,14 @@ def create_app(engine: EngineLike | EngineFactory, config: ServeConfig | None = 
         try:
             yield
         finally:
-            state.closing = True
-            state.metrics.ready.set(value=0)
+            # after a drain every request has been answered: a model still loading or a pass still running after
+            # its grace helps no one, so the wait is short (the loader and batcher threads are daemons)
+            wait = 1.0 if state.closing else cfg.graceful_timeout_s
+            state.begin_drain()
             if loader is not None and loader.is_alive():
-                await asyncio.to_thread(loader.join, cfg.graceful_timeout_s)
+                await asyncio.to_thread(loader.join, wait)
             if state.batcher is not None:
-                await asyncio.to_thread(state.batcher.close, cfg.graceful_timeout_s)
+                await asyncio.to_thread(state.batcher.close, wait)
 
     def route(path: str, name: str, handler: Handler, method: str) -> Route:
         return Route(path, _endpoint(state, name, handler), methods=[method], name=name)

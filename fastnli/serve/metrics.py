@@ -175,7 +175,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 #: The status codes whose counters are exported from the start (so a scrape shows them at 0).
-ERROR_KINDS = ("413", "422", "429", "5xx")
+ERROR_KINDS = ("401", "413", "415", "422", "429", "5xx")
 
 
 class ServeMetrics:
@@ -186,8 +186,9 @@ class ServeMetrics:
         r = self.registry
         self.requests = r.add(Counter("fastnli_http_requests_total", "HTTP requests answered, by endpoint and status "
                                       "code.", ("endpoint", "code")))
-        self.errors = r.add(Counter("fastnli_http_errors_total", "Error responses by kind: 413 (too large), 422 "
-                                    "(invalid), 429 (overloaded), 5xx (server side, timeouts included).", ("kind",),
+        self.errors = r.add(Counter("fastnli_http_errors_total", "Error responses by kind: 401 (no or wrong API "
+                                    "key), 413 (too large), 415 (not JSON), 422 (invalid), 429 (overloaded), 5xx "
+                                    "(server side, timeouts and shutdown included).", ("kind",),
                                     initial=[(k,) for k in ERROR_KINDS]))
         self.latency = r.add(Histogram("fastnli_request_duration_seconds", "Request latency from the body read to the "
                                        "response, in seconds.", LATENCY_BUCKETS, ("endpoint",)))
@@ -207,7 +208,12 @@ class ServeMetrics:
             callback=self._padding_efficiency))
         self.dropped = r.add(Counter("fastnli_dropped_requests_total", "Requests whose work was dropped before an "
                                      "engine pass, by reason (client gone or timed out).", ("reason",),
-                                     initial=[("disconnect",), ("timeout",)]))
+                                     initial=[("disconnect",), ("timeout",), ("shutdown",)]))
+        self.wasted = r.add(Counter("fastnli_wasted_requests_total", "Requests whose engine pass had started when "
+                                    "their caller stopped waiting (the work is computed and thrown away), by reason.",
+                                    ("reason",), initial=[("disconnect",), ("timeout",), ("shutdown",)]))
+        self.engine_rate = r.add(Gauge("fastnli_engine_tokens_per_second", "The batcher's measured engine speed, in "
+                                       "estimated tokens per second (admission divides the queued work by it)."))
         self.engine_failures = r.add(Counter("fastnli_engine_failures_total", "Engine passes that raised."))
         self.queue_depth = r.add(Gauge("fastnli_queue_depth", "Requests waiting for an engine pass."))
         self.queue_pairs = r.add(Gauge("fastnli_queue_pairs", "Pairs waiting for an engine pass."))

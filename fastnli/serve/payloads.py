@@ -7,21 +7,29 @@ tokens of an untruncated TEI input) with 413. Messages are stable: tests compare
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import fields
-from typing import Any
+import types
+import typing
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 from fastnli.calm.checks import AnswerInput, CheckConfig
 from fastnli.calm.documents import Document, as_document
-from fastnli.scorers.api import SCORERS, ScorePlan, plan_scores
+from fastnli.engine.engine import check_utf8
+from fastnli.scorers.api import SCORERS, ScorePlan, count_pairs, plan_scores
 from fastnli.scorers.questions import QUESTION_FORMAT, resolve_question_format
 from fastnli.serve.config import ENV_VARS, ServeConfig
 
-__all__ = ["ApiError", "CHECK_FIELDS", "NCP_FIELDS", "calm_item", "check_pair_count", "check_text", "item_where", "ncp_item",
-           "parse_pairs", "parse_predict", "parse_tei_inputs", "require_bool", "require_list", "require_object", "require_str"]
+__all__ = ["ApiError", "CALM_FIELDS", "CHECK_FIELDS", "NCP_FIELDS", "NcpItem", "PREDICT_FIELDS", "calm_item", "check_item_count",
+           "check_pair_chars", "check_pair_count", "check_text", "item_where", "ncp_item", "parse_pairs", "parse_predict",
+           "parse_tei_inputs", "refuse_unknown", "require_bool", "require_list", "require_object", "require_str"]
 
 #: The :class:`~fastnli.calm.checks.CheckConfig` fields a ``/v1/calm/check`` item may set.
-CHECK_FIELDS = {f.name for f in fields(CheckConfig)}
+CHECK_FIELDS = tuple(sorted(f.name for f in fields(CheckConfig)))
+_CHECK_TYPES = typing.get_type_hints(CheckConfig)
+#: The fields of a ``/v1/calm/check`` item, and of a ``/predict`` body (text-embeddings-inference's).
+CALM_FIELDS = ("answer", "documents", "verifier_answer", "config")
+PREDICT_FIELDS = ("inputs", "raw_scores", "truncate", "truncation_direction")
 
 
 class ApiError(Exception):
@@ -81,11 +89,41 @@ def require_bool(value: Any, where: str) -> bool:
     return value
 
 
+def refuse_unknown(obj: Mapping[str, Any], allowed: Collection[str], where: str) -> None:
+    """422 when ``obj`` has a key outside ``allowed`` (every route's one policy: unknown fields are refused, named)."""
+    unknown = sorted(set(obj) - set(allowed))
+    if unknown:
+        raise ApiError(422, f"{where} has unknown fields {unknown}; allowed: {', '.join(allowed)}")
+
+
+def _require_typed(value: Any, hint: Any, where: str) -> None:
+    """422 unless the decoded JSON ``value`` has the type ``hint`` asks for (bool, float, str or a Literal of strings,
+    optionally ``| None``): ``"false"`` is not a boolean and ``true`` is not a number."""
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        if value is None and type(None) in args:
+            return
+        hint = next(a for a in args if a is not type(None))
+    if hint is bool:
+        require_bool(value, where)
+    elif hint is float or hint is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ApiError(422, f"{where} must be a number; got {_type(value)}")
+    elif hint is str or typing.get_origin(hint) is Literal:
+        require_str(value, where)
+
+
 def check_text(text: str, where: str, config: ServeConfig) -> str:
-    """413 when ``text`` is longer than ``config.max_text_chars`` characters."""
+    """413 when ``text`` is longer than ``config.max_text_chars`` characters; 422 when it cannot be encoded as UTF-8
+    (a lone surrogate such as ``"\\ud800"``, which JSON escapes can carry), so it never reaches a shared engine
+    pass."""
     if len(text) > config.max_text_chars:
         raise ApiError(413, f"{where} has {len(text)} characters; the limit is {config.max_text_chars} per text "
                             f"({ENV_VARS['max_text_chars']})")
+    try:
+        check_utf8(text, where)
+    except ValueError as exc:
+        raise ApiError(422, str(exc)) from None
     return text
 
 
@@ -93,6 +131,25 @@ def check_pair_count(n: int, where: str, config: ServeConfig) -> None:
     """413 when a request needs more than ``config.max_pairs_per_request`` NLI pairs."""
     if n > config.max_pairs_per_request:
         raise ApiError(413, f"{where} {n} NLI pairs; the limit is {config.max_pairs_per_request} per request "
+                            f"({ENV_VARS['max_pairs_per_request']}); split the request")
+
+
+def check_pair_chars(chars: int, config: ServeConfig) -> None:
+    """413 when a request's planned pairs hold more text than ``max_pairs_per_request x max_text_chars`` characters
+    (a ``/v1/calm/check`` statement's citation pairs repeat its cited documents)."""
+    limit = config.max_pairs_per_request * config.max_text_chars
+    if chars > limit:
+        raise ApiError(413, f"the request's NLI pairs hold {chars} characters (each citation pair of a statement "
+                            f"repeats its cited documents); the limit is {limit} ({ENV_VARS['max_pairs_per_request']} "
+                            f"x {ENV_VARS['max_text_chars']}); cite fewer or shorter documents per statement, or "
+                            "split the request")
+
+
+def check_item_count(n: int, config: ServeConfig) -> None:
+    """413 when a batched body has more than ``config.max_pairs_per_request`` items (each item is work, even one
+    that needs no pair)."""
+    if n > config.max_pairs_per_request:
+        raise ApiError(413, f"request body has {n} items; the limit is {config.max_pairs_per_request} per request "
                             f"({ENV_VARS['max_pairs_per_request']}); split the request")
 
 
@@ -109,6 +166,7 @@ def _pair(item: Any, where: str, config: ServeConfig) -> tuple[str, str]:
 def parse_pairs(body: Any, config: ServeConfig) -> list[tuple[str, str]]:
     """The ``pairs`` of a ``/v1/nli`` body: ``{"pairs": [[premise, hypothesis], ...]}``."""
     obj = require_object(body)
+    refuse_unknown(obj, ("pairs",), "request body")
     if "pairs" not in obj:
         raise ApiError(422, "field 'pairs' is missing; send {\"pairs\": [[premise, hypothesis], ...]}")
     raw = require_list(obj["pairs"], "field 'pairs'", "[premise, hypothesis] pairs")
@@ -144,13 +202,37 @@ def item_where(prefix: str) -> str:
     return f"request body{prefix[:-1]}" if prefix else "request body"
 
 
-def ncp_item(item: Any, prefix: str, config: ServeConfig, model_question_format: str | None = None) -> ScorePlan:
-    """One ``/v1/ncp`` item (``prefix`` ``"[i]."`` in a batched body) validated and planned: its :class:`ScorePlan`.
+@dataclass(frozen=True)
+class NcpItem:
+    """One validated ``/v1/ncp`` item: its pair count is known before any pair is built (:meth:`plan` builds them)."""
+
+    where: str
+    response: str
+    samples: list[str]
+    scorers: list[str]
+    use_best: bool
+    prompt: str | None
+    question_format: str | None  # None: the answers alone
+    n_pairs: int
+
+    def plan(self) -> ScorePlan:
+        """The item's :class:`ScorePlan` (422 for what only the scorers' own checks find)."""
+        try:
+            return plan_scores([self.response], [self.samples], scorers=self.scorers, use_best=self.use_best,
+                               questions=[self.prompt] if self.question_format and self.prompt is not None else None,
+                               question_format=self.question_format or QUESTION_FORMAT)
+        except (TypeError, ValueError) as exc:
+            raise ApiError(422, f"{self.where}: {exc}") from None
+
+
+def ncp_item(item: Any, prefix: str, config: ServeConfig, model_question_format: str | None = None) -> NcpItem:
+    """One ``/v1/ncp`` item (``prefix`` ``"[i]."`` in a batched body) validated, with its pair count.
 
     ``model_question_format``: the served model's ``manifest.question_format``, which decides whether an item's
     ``prompt`` is used by default (``question_aware`` absent or null), as in :func:`fastnli.scorers.score`."""
     where = item_where(prefix)
     obj = require_object(item, where)
+    refuse_unknown(obj, NCP_FIELDS, where)
     for key in ("response", "sampled_responses"):
         if key not in obj:
             raise ApiError(422, f"field '{prefix}{key}' is missing; send {{\"response\": str, "
@@ -176,26 +258,18 @@ def ncp_item(item: Any, prefix: str, config: ServeConfig, model_question_format:
     question_aware = obj.get("question_aware")
     if question_aware is not None:
         question_aware = require_bool(question_aware, f"field '{prefix}question_aware'")
-    unknown = sorted(set(obj) - set(NCP_FIELDS))
-    if unknown:
-        raise ApiError(422, f"{where} has unknown fields {unknown}; allowed: {', '.join(NCP_FIELDS)}")
     try:
         fmt = resolve_question_format(question_aware, None if prompt is None else [prompt], model_question_format)
-        return plan_scores([response], [samples], scorers=scorers, use_best=use_best,
-                           questions=[prompt] if fmt and prompt is not None else None,
-                           question_format=fmt or QUESTION_FORMAT)
     except (TypeError, ValueError) as exc:
         raise ApiError(422, f"{where}: {exc}") from None
+    return NcpItem(where, response, samples, scorers, use_best, prompt, fmt, count_pairs([response], [samples], scorers))
 
 
 def calm_item(item: Any, prefix: str, config: ServeConfig) -> tuple[AnswerInput, CheckConfig]:
     """One ``/v1/calm/check`` item validated: the answer to check and its decision rules."""
     where = item_where(prefix)
     obj = require_object(item, where)
-    allowed = {"answer", "documents", "verifier_answer", "config"}
-    unknown = sorted(set(obj) - allowed)
-    if unknown:
-        raise ApiError(422, f"{where} has unknown fields {unknown}; allowed: {sorted(allowed)}")
+    refuse_unknown(obj, CALM_FIELDS, where)
     if "answer" not in obj:
         raise ApiError(422, f"field '{prefix}answer' is missing; send {{\"answer\": str, \"documents\": [...], "
                             "\"verifier_answer\": str}")
@@ -216,9 +290,9 @@ def calm_item(item: Any, prefix: str, config: ServeConfig) -> tuple[AnswerInput,
         verifier = check_text(require_str(verifier, f"field '{prefix}verifier_answer'"),
                               f"field '{prefix}verifier_answer'", config)
     cfg_raw = require_object(obj.get("config", {}), f"field '{prefix}config'")
-    bad = sorted(set(cfg_raw) - CHECK_FIELDS)
-    if bad:
-        raise ApiError(422, f"field '{prefix}config' has unknown keys {bad}; allowed: {sorted(CHECK_FIELDS)}")
+    refuse_unknown(cfg_raw, CHECK_FIELDS, f"field '{prefix}config'")
+    for key, value in cfg_raw.items():
+        _require_typed(value, _CHECK_TYPES[key], f"field '{prefix}config.{key}'")
     try:
         check_config = CheckConfig(**cfg_raw)
     except (TypeError, ValueError) as exc:
@@ -229,6 +303,7 @@ def calm_item(item: Any, prefix: str, config: ServeConfig) -> tuple[AnswerInput,
 def parse_predict(body: Any, config: ServeConfig) -> tuple[list[tuple[str, str]], bool, bool, bool]:
     """A ``/predict`` body (text-embeddings-inference's form) validated: ``(pairs, batched, raw_scores, truncate)``."""
     obj = require_object(body)
+    refuse_unknown(obj, PREDICT_FIELDS, "request body")
     if "inputs" not in obj:
         raise ApiError(422, "field 'inputs' is missing; send {\"inputs\": [premise, hypothesis]} or "
                             "{\"inputs\": [[premise, hypothesis], ...]}")

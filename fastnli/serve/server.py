@@ -1,18 +1,21 @@
 """Running the app under uvicorn: in the foreground (``fastnli serve``) or in a background thread (tests, load runs).
 
-Graceful shutdown (SIGTERM / Ctrl-C in the foreground, :meth:`BackgroundServer.stop` in a thread): uvicorn stops
-accepting connections, lets every request in flight finish (up to ``config.graceful_timeout_s``, longer than the
-request timeout, so every accepted request is answered), then the app's lifespan drains and stops the batcher.
+Graceful shutdown (SIGTERM / Ctrl-C in the foreground, :meth:`BackgroundServer.stop` in a thread), within
+``config.graceful_timeout_s`` (default 20 s, below Kubernetes' 30 s): the service keeps listening but answers 503
+(``Retry-After``) to every new request and ``/ready`` turns 503, while the requests already begun are answered; when
+they are all answered (or 2 s before the grace ends, when those still waiting — a slow client's body, a queued job —
+get 503) uvicorn closes the socket and the connections, the app's lifespan stops the batcher, and the process exits
+with code 0. A second signal stops at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import math
 import socket
 import threading
 import time
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any
 
 from fastnli.engine.protocol import EngineLike
@@ -24,13 +27,49 @@ __all__ = ["BackgroundServer", "run_server"]
 logger = logging.getLogger("fastnli")
 
 
-def _uvicorn_config(app: Any, config: ServeConfig) -> Any:
+#: Seconds of the grace kept for uvicorn to close connections and for the lifespan to stop the batcher.
+_CLOSE_S = 2
+
+
+def _uvicorn_server(app: Any, config: ServeConfig) -> Any:
+    """A uvicorn server whose first SIGTERM/SIGINT drains the app (see the module docstring)."""
     try:
         import uvicorn
     except ImportError:
         raise ImportError("fastnli serve needs uvicorn and starlette: pip install 'fastnli[serve]'") from None
-    return uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", access_log=False,
-                          lifespan="on", timeout_graceful_shutdown=math.ceil(config.graceful_timeout_s), server_header=False)
+
+    class _DrainingServer(uvicorn.Server):  # type: ignore[misc]
+        _loop: asyncio.AbstractEventLoop | None = None
+        _draining = False
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            self._loop = asyncio.get_running_loop()
+            await super().startup(sockets)
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            # the signal is not re-raised after the shutdown (uvicorn's default): a drained exit is a clean exit (0)
+            if self._draining:
+                self.should_exit = self.force_exit = True
+            else:
+                self.drain()
+
+        def drain(self) -> None:
+            """Begin the graceful shutdown (thread-safe; idempotent)."""
+            if self._draining:
+                return
+            self._draining = True
+            if self._loop is None or self._loop.is_closed():
+                self.should_exit = True
+                return
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+
+        async def _drain(self) -> None:
+            await app.state.serve.drain(config.graceful_timeout_s - _CLOSE_S)
+            self.should_exit = True
+
+    return _DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
+                                          access_log=False, lifespan="on", timeout_graceful_shutdown=_CLOSE_S,
+                                          server_header=False))
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -47,13 +86,11 @@ def _bind(host: str, port: int) -> socket.socket:
 def run_server(engine: EngineLike | EngineFactory, config: ServeConfig | None = None) -> None:
     """Serve in the foreground until SIGTERM/SIGINT, then shut down gracefully (see the module docstring)."""
     cfg = config or ServeConfig()
-    uv_config = _uvicorn_config(create_app(engine, cfg), cfg)
-    import uvicorn
-
+    server = _uvicorn_server(create_app(engine, cfg), cfg)
     sock = _bind(cfg.host, cfg.port)
     logger.info("fastnli serve listening on http://%s:%d (config: %s)", cfg.host, sock.getsockname()[1],
                 cfg.as_dict())
-    uvicorn.Server(uv_config).run(sockets=[sock])
+    server.run(sockets=[sock])
     logger.info("fastnli serve stopped")
 
 
@@ -69,10 +106,7 @@ class BackgroundServer:
     def __init__(self, engine: EngineLike | EngineFactory, config: ServeConfig | None = None) -> None:
         self.config = config or ServeConfig(host="127.0.0.1", port=0)
         self.app = create_app(engine, self.config)
-        uv_config = _uvicorn_config(self.app, self.config)
-        import uvicorn
-
-        self._server = uvicorn.Server(uv_config)
+        self._server = _uvicorn_server(self.app, self.config)
         self._sock = _bind(self.config.host, self.config.port)
         self.port: int = self._sock.getsockname()[1]
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
@@ -99,7 +133,7 @@ class BackgroundServer:
 
     def request_stop(self) -> None:
         """Begin a graceful shutdown (what SIGTERM does) without waiting."""
-        self._server.should_exit = True
+        self._server.drain()
 
     def stop(self, timeout: float | None = None) -> bool:
         """Shut down gracefully; True when the server thread ended within ``timeout`` (default: the config's
