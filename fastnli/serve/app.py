@@ -252,20 +252,20 @@ async def _calm_check(state: ServeState, request: Request) -> Response:
     max_length = state.max_length
 
     def plan() -> list[CheckPlan]:
-        plans = [plan_checks([answer], cfg, max_length) for answer, cfg in items]
+        plans = [plan_checks([answer], cfg, max_length).expand(state.engine) for answer, cfg in items]
         for p in plans:
             p.pair_plan.warn_truncation()
         return plans
 
     plans = await asyncio.to_thread(plan)
-    check_pair_count(sum(len(p.pairs) for p in plans), "the request needs", state.config)
-    probs = await _run_pairs(state, request, [pair for p in plans for pair in p.pairs])
+    check_pair_count(sum(len(p.model_pairs) for p in plans), "the request needs", state.config)
+    probs = await _run_pairs(state, request, [pair for p in plans for pair in p.model_pairs])
 
     def finish() -> list[dict[str, Any]]:
         out, offset = [], 0
         for p in plans:
-            out.append(finish_checks(p, probs[offset:offset + len(p.pairs)])[0].to_dict())
-            offset += len(p.pairs)
+            out.append(finish_checks(p, probs[offset:offset + len(p.model_pairs)])[0].to_dict())
+            offset += len(p.model_pairs)
         return out
 
     results = await asyncio.to_thread(finish)
