@@ -12,6 +12,9 @@ Errors use TEI's body form ``{"error": str, "error_type": str}``: 413/422 ``Vali
 ``Retry-After``), 503 ``Unhealthy`` (model loading or shutting down, with ``Retry-After``), 504 ``Timeout``, 500
 ``Backend`` (the engine raised).
 
+``POST /v1/grounding`` is :func:`fastnli.grounding` (:func:`~fastnli.calm.grounding.plan_grounding` /
+:func:`~fastnli.calm.grounding.finish_grounding` around the shared batcher).
+
 ``POST /predict`` follows text-embeddings-inference's sequence-classification route. TEI's ``raw_scores: true``
 returns logits; the engine returns probabilities only, so the service returns **natural-log probabilities** as raw
 scores: ``log softmax(logits) = logits - logsumexp(logits)``, i.e. the logits shifted by one constant per input, so
@@ -39,7 +42,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fastnli.calm.checks import CheckPlan, finish_checks, plan_checks
-from fastnli.engine.labels import CANONICAL_LABELS
+from fastnli.calm.grounding import finish_grounding, plan_grounding
+from fastnli.engine.labels import CANONICAL_LABELS, require_three_way
 from fastnli.engine.protocol import EngineLike
 from fastnli.scorers.api import score_rows
 from fastnli.scorers.questions import model_question_format
@@ -47,7 +51,15 @@ from fastnli.serve.batcher import DynamicBatcher, Overloaded, ShuttingDown
 from fastnli.serve.config import ENV_VARS, ServeConfig
 from fastnli.serve.metrics import CONTENT_TYPE, ServeMetrics
 from fastnli.serve.openapi import openapi_document
-from fastnli.serve.payloads import ApiError, calm_item, check_pair_count, ncp_item, parse_pairs, parse_predict
+from fastnli.serve.payloads import (
+    ApiError,
+    calm_item,
+    check_pair_count,
+    grounding_item,
+    ncp_item,
+    parse_pairs,
+    parse_predict,
+)
 
 __all__ = ["ServeState", "create_app"]
 
@@ -116,7 +128,7 @@ class ServeState:
         e = self.engine
         return {"model_id": self.model_id, "device": getattr(e, "device", None),
                 "precision": getattr(e, "precision", None), "providers": list(getattr(e, "providers", []) or []),
-                "labels": list(CANONICAL_LABELS), "id2label": self.label_names(), "max_input_length": self.max_length}
+                "labels": list(getattr(e, "labels", CANONICAL_LABELS)), "id2label": self.label_names(), "max_input_length": self.max_length}
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------
@@ -212,7 +224,7 @@ def _labelled(names: Sequence[str], scores: np.ndarray) -> list[dict[str, Any]]:
 async def _nli(state: ServeState, request: Request) -> Response:
     pairs = parse_pairs(await _read_json(request, state.config), state.config)
     probs = await _run_pairs(state, request, pairs)
-    labels = list(CANONICAL_LABELS)
+    labels = list(getattr(state.engine, "labels", CANONICAL_LABELS))
     results = []
     for row in probs:
         results.append({"label": labels[int(np.argmax(row))],
@@ -230,6 +242,10 @@ async def _ncp(state: ServeState, request: Request) -> Response:
              for i, item in enumerate(items)]
     n_pairs = sum(len(p.pairs) for p in plans)
     check_pair_count(n_pairs, "the request needs", state.config)
+    try:
+        require_three_way(getattr(state.engine, "labels", CANONICAL_LABELS), "/v1/ncp")
+    except ValueError as exc:
+        raise ApiError(422, str(exc)) from None
     probs = await _run_pairs(state, request, [pair for p in plans for pair in p.pairs])
     out, offset = [], 0
     for plan in plans:
@@ -270,6 +286,21 @@ async def _calm_check(state: ServeState, request: Request) -> Response:
 
     results = await asyncio.to_thread(finish)
     return JSONResponse(results if batched else results[0])
+
+
+async def _grounding(state: ServeState, request: Request) -> Response:
+    statements, docs, granularity, threshold, matrix = grounding_item(await _read_json(request, state.config),
+                                                                      state.config)
+    _ready(state)
+    try:
+        plan = await asyncio.to_thread(plan_grounding, statements, docs, state.engine, granularity, threshold)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(422, str(exc)) from None
+    pairs = plan.pairs
+    check_pair_count(len(pairs), "the request needs", state.config)
+    probs = await _run_pairs(state, request, pairs)
+    result = finish_grounding(plan, probs, tuple(getattr(state.engine, "labels", CANONICAL_LABELS)))
+    return JSONResponse(result.to_dict(matrix=matrix))
 
 
 async def _predict(state: ServeState, request: Request) -> Response:
@@ -435,6 +466,7 @@ def create_app(engine: EngineLike | EngineFactory, config: ServeConfig | None = 
         route("/v1/nli", "nli", _nli, "POST"),
         route("/v1/ncp", "ncp", _ncp, "POST"),
         route("/v1/calm/check", "calm_check", _calm_check, "POST"),
+        route("/v1/grounding", "grounding", _grounding, "POST"),
         route("/predict", "predict", _predict, "POST"),
         route("/health", "health", _health, "GET"),
         route("/ready", "ready", _ready_endpoint, "GET"),
