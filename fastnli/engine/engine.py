@@ -292,6 +292,7 @@ class NLIEngine:
         session_config: SessionConfig | None = None,
         result_cache: ResultCache | None = None,
         cache_dir: str | Path | None = None,
+        window_policy: WindowPolicy | None = None,
     ) -> NLIEngine:
         """Load an engine.
 
@@ -310,6 +311,9 @@ class NLIEngine:
                 carry the artifact hash, the precision in use and the INT8 kernel mode, so engines never see each
                 other's results unless they come from the same graph run the same way.
             cache_dir: overrides ``$FASTNLI_CACHE`` for exports of HF checkpoints.
+            window_policy: how ``long_premise="chunk"`` cuts long premises (default
+                :class:`~fastnli.engine.windows.WindowPolicy()`: windows as large as the model allows, 64 tokens of
+                overlap).
         """
         if name_or_dir is None:
             from fastnli.default_model import default_model_dir
@@ -317,7 +321,7 @@ class NLIEngine:
             name_or_dir = default_model_dir()
         artifact = resolve_artifact(name_or_dir, cache_dir)
         return cls(artifact, device=device, precision=precision, batch_policy=batch_policy,
-                   session_config=session_config, result_cache=result_cache)
+                   session_config=session_config, result_cache=result_cache, window_policy=window_policy)
 
     def _graph(self, precision: str) -> Path:
         if precision not in self.manifest.precisions:
