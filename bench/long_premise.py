@@ -17,7 +17,7 @@ that one call.
 
 **CaLM workload.** ``bench.calm_pairs.make_workload`` (``--queries`` queries, 5 documents each, scripted answers
 citing them) with every document lengthened by 150-1,500 tokens of filler (its own sentences at a random depth), one
-``calm_batch`` iteration with ``long_premise="chunk"`` and ``"truncate"``: the planned (logical) pairs, the model
+``calm_batch`` iteration in each mode: the planned (logical) pairs, the model
 pairs the windows ask for (duplicates included), the unique ones the engine ran, their ratio, tokens, seconds and
 the citation recall (statements are copied from their cited documents, so 1.0 means every one was found).
 
@@ -139,16 +139,17 @@ def lengthen(documents: list[list[dict[str, str]]], pool: list[str], seed: int) 
     return out
 
 
-def calm_table(engine: NLIEngine, pool: list[str], n_queries: int, seed: int) -> list[dict[str, Any]]:
+def calm_table(engines: dict[str, NLIEngine], pool: list[str], n_queries: int, seed: int) -> list[dict[str, Any]]:
     from bench.calm_pairs import _by_question, make_workload
 
     queries, docs, main, verifier = make_workload(n_queries, 5, 5, seed)
     docs = lengthen(docs, pool, seed)
     rows = []
-    for mode in ("truncate", "chunk"):
+    for mode, engine in engines.items():
         t0 = time.perf_counter()
+        config = CheckConfig(long_premise="truncate" if mode == "truncate" else "chunk")
         batch = calm_batch(queries, docs, _by_question(main), _by_question(verifier), engine, k=5, max_iterations=1,
-                           check_config=CheckConfig(long_premise=mode))  # type: ignore[arg-type]
+                           check_config=config)
         wall = time.perf_counter() - t0
         checks = [r.trace[0].check for r in batch if r.trace[0].check]
         p = batch.passes[0]
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     pairs, pool = load(_data_dir(args.data), args.pairs, args.seed)
     docs = documents(pairs, pool, depths, chunk, args.seed)
     needle = needle_table(engines, pairs, docs)
-    calm = calm_table(chunk, pool, args.queries, args.seed)
+    calm = calm_table(engines, pool, args.queries, args.seed)
     meta = {"pairs": len(pairs), "model": str(chunk.manifest.source), "device": chunk.device,
             "precision": chunk.precision, "queries": args.queries, "depths": depths}
     text = markdown(needle, calm, depths, meta)

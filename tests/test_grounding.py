@@ -148,7 +148,7 @@ def two_way(request: pytest.FixtureRequest, workdir: Path) -> tuple[Path, NLIEng
     pytest.importorskip("torch")
     arch, order = request.param
     ck = build_checkpoint(workdir / f"ck_{order}", arch=arch, size="tiny", seed=5, label_order=order)
-    export(ck, workdir / f"art_{order}", precisions=("fp32",))
+    export(ck, workdir / f"art_{order}", precisions=("fp32",), validate=False)  # parity: the test below
     return ck, NLIEngine.from_pretrained(workdir / f"art_{order}", device="cpu", precision="fp32")
 
 

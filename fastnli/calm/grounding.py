@@ -183,6 +183,8 @@ def finish_grounding(plan: GroundingPlan, probs: np.ndarray, labels: Sequence[st
     """
     probs = np.asarray(probs, dtype=np.float32)
     n_s, n_u = len(plan.statements), len(plan.sources)
+    if n_s == 0 and probs.shape[0] == 0:
+        probs = np.zeros((0, len(labels)), dtype=np.float32)  # an empty pass may come back as (0, 3) from a batcher
     if probs.shape != (n_s * n_u, len(labels)):
         raise ValueError(f"probs has shape {probs.shape}; the plan needs ({n_s * n_u}, {len(labels)}), one row per "
                          "(source, statement) pair")
@@ -230,10 +232,8 @@ def grounding(statements: str | Sequence[str], documents: Sequence[Any], engine:
         engine = default_engine()
     plan = plan_grounding(statements, documents, engine, granularity, threshold)
     pairs = plan.pairs
-    probs, stats = engine.predict_with_stats(pairs) if pairs else (np.zeros((0, 3), dtype=np.float32), None)
+    probs, stats = engine.predict_with_stats(pairs) if pairs else (np.zeros((0, 0), dtype=np.float32), None)
     labels = tuple(getattr(engine, "labels", CANONICAL_LABELS))
-    if not pairs:
-        probs = np.zeros((0, len(labels)), dtype=np.float32)
     result = finish_grounding(plan, probs, labels)
     result.stats = stats_dict(stats)
     result.truncated_pairs = int(getattr(stats, "truncated_pairs", 0) or 0)
