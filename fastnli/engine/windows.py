@@ -9,9 +9,9 @@ for DeBERTa), counted by the model's own tokenizer. What happens to a pair that 
 - ``"chunk"``: the premise is cut into windows of at most ``budget = max_length - special tokens - hypothesis
   tokens`` tokens. Windows are whole sentences (:func:`fastnli.engine.sentences.sentence_spans`) packed greedily in
   order; each window after the first starts with the last sentences of the one before, as many as fit in
-  :attr:`WindowPolicy.overlap_tokens` while leaving room for the next new sentence; a single sentence longer than the budget is cut at token boundaries. Every
-  window is checked with a real encode and the plan is redone with a smaller budget if a cut text tokenizes longer
-  than its share. Each (window, hypothesis) is one model pair.
+  :attr:`WindowPolicy.overlap_tokens` while leaving room for the next new sentence; a single sentence longer than
+  the budget is cut at token boundaries. Every window is checked with a real encode and the plan is redone with a
+  smaller budget if a cut text tokenizes longer than its share. Each (window, hypothesis) is one model pair.
 
 **Aggregation** (:meth:`PairWindows.aggregate`): a chunked pair's probabilities are those of its *best window*, the
 window with the highest P(entailment) (the first one on ties): entailment is the max over windows, and contradiction
