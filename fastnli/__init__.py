@@ -6,9 +6,10 @@ model so that everything works offline.
 """
 
 from fastnli._version import __version__
-from fastnli.engine import BatchPolicy, CallStats, NLIEngine, SessionConfig
+from fastnli.calm.grounding import GroundingResult, grounding
+from fastnli.engine import BatchPolicy, CallStats, NLIEngine, SessionConfig, default_engine
 from fastnli.exporter import export
 from fastnli.scorers import ScoreResult, ScoreRow, score
 
-__all__ = ["BatchPolicy", "CallStats", "NLIEngine", "ScoreResult", "ScoreRow", "SessionConfig", "export", "score",
-           "__version__"]
+__all__ = ["BatchPolicy", "CallStats", "GroundingResult", "NLIEngine", "ScoreResult", "ScoreRow", "SessionConfig",
+           "default_engine", "export", "grounding", "score", "__version__"]

@@ -167,7 +167,7 @@ def test_top_level_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> Non
     out = capsys.readouterr().out
     assert "``" not in out and ":mod:" not in out
     assert DESCRIPTION == ("fastnli: fast NLI consistency checks of LLM output. Commands: export, checkpoint, "
-                           "predict, info, score, calm, alce, serve; `fastnli COMMAND --help` for each.")
+                           "predict, info, score, calm, alce, grounding, serve; `fastnli COMMAND --help` for each.")
 
 
 def test_checkpoint_help_covers_every_option() -> None:

@@ -196,6 +196,34 @@ def test_calm_check_equals_library(server: BackgroundServer, engine: NLIEngine) 
     assert status == 200 and len(many) == 2 and many[1]["citation_recall"] == 0.0 and many[0]["consistency"] is None
 
 
+def test_grounding_and_long_documents_equal_library(server: BackgroundServer, engine: NLIEngine) -> None:
+    import fastnli
+
+    statements = ["Paris is the capital of France.", "The Louvre is in Lyon."]
+    docs = [{"title": "Paris", "text": "Paris is the capital of France. The Louvre is a museum in Paris."},
+            "Lyon is a city in France."]
+    for granularity in ("window", "sentence"):
+        status, _, got = call(server, "/v1/grounding", {"statements": statements, "documents": docs,
+                                                        "granularity": granularity})
+        assert status == 200
+        ref = fastnli.grounding(statements, docs, engine, granularity=granularity).to_dict()
+        for key in ("stats", "device", "precision", "seconds", "truncated_pairs"):
+            ref.pop(key)
+            got.pop(key)
+        assert got == json.loads(json.dumps(ref))
+    status, _, small = call(server, "/v1/grounding", {"answer": "Paris is in France [1].", "documents": docs,
+                                                      "matrix": False})
+    assert status == 200 and "probs" not in small and small["statements"] == ["Paris is in France."]
+    # a cited document over the model limit: read in windows, exactly as the library does
+    long_doc = {"title": "Long", "text": " ".join(f"Record {i} says the town library opened on a Monday." for i in
+                                                  range(60)) + " The Louvre is a museum in Paris."}
+    answer = "The Louvre is a museum in Paris [1]."
+    status, _, got = call(server, "/v1/calm/check", {"answer": answer, "documents": [long_doc]})
+    expected = check_answers([AnswerInput(answer, [Document(long_doc["text"], "Long")])], engine)[0][0].to_dict()
+    assert status == 200 and got == json.loads(json.dumps(expected))
+    assert got["chunked_pairs"] == 1 and got["statements"][0]["citation_window"] is not None
+
+
 def test_predict_is_tei_compatible(server: BackgroundServer, engine: NLIEngine) -> None:
     pairs = RAGGED_PAIRS[:3]
     probs = engine.predict(pairs)
@@ -259,7 +287,22 @@ BAD_REQUESTS = [
      "'text': ...}"),
     ("/v1/calm/check", {"answer": "a", "config": {"threshold": 0.5}}, 422,
      "field 'config' has unknown fields ['threshold']; allowed: accept_share, check_citations, "
-     "contradiction_threshold, entailment_rule, entailment_threshold, min_citation_recall"),
+     "contradiction_threshold, entailment_rule, entailment_threshold, long_premise, min_citation_recall"),
+    ("/v1/calm/check", {"answer": "a", "config": {"long_premise": "cut"}}, 422,
+     "field 'config': long_premise='cut' is not supported; use 'chunk' (read a long premise in windows) or "
+     "'truncate' (cut the pair to the model limit)"),
+    ("/v1/grounding", {"documents": ["d"]}, 422,
+     "send exactly one of field 'statements' (a list of strings) and field 'answer' (a text split into statements)"),
+    ("/v1/grounding", {"statements": ["s", 1], "documents": ["d"]}, 422,
+     "field 'statements[1]' must be a string; got number"),
+    ("/v1/grounding", {"statements": ["s"], "documents": []}, 422,
+     "field 'documents' is empty; send at least one document"),
+    ("/v1/grounding", {"statements": ["s"], "documents": ["d"], "granularity": "page"}, 422,
+     "field 'granularity' is 'page'; use \"window\" or \"sentence\""),
+    ("/v1/grounding", {"statements": ["s"], "documents": ["d"], "threshold": True}, 422,
+     "field 'threshold' is True; send a number within [0, 1]"),
+    ("/v1/grounding", {"statements": ["s"] * 70, "documents": ["d"]}, 413,
+     "the request needs at least 70 NLI pairs; the limit is 64 per request (FASTNLI_MAX_PAIRS_PER_REQUEST); split the request"),
     ("/v1/calm/check", {"answer": "a", "config": {"accept_share": 2}}, 422,
      "field 'config': accept_share=2 must be within [0, 1]"),
     ("/predict", {"inputs": "one text"}, 422, "field 'inputs' is a single text; an NLI model classifies (premise, "

@@ -32,9 +32,17 @@ An answer is *accepted* when it has at least one statement, the share of corrobo
 (default None) — its citation recall reaches it. ``rouge_l`` (LCS F1 over lower-cased words, citations stripped)
 is reported beside it and decides nothing.
 
-**Truncation**: the engine truncates a pair longer than the model limit (512 tokens, ``longest_first``). A pair
-whose token estimate (:func:`fastnli.calm.documents.estimate_tokens`) exceeds the limit is flagged: the statement's
-``truncated`` flag, the answer's ``truncated_pairs`` and ``truncated_documents``, and one log warning per pass.
+**Long premises** (``CheckConfig.long_premise``, default ``"chunk"``): with an engine that has a tokenizer
+(:class:`~fastnli.NLIEngine`), a pair longer than the model limit (512 tokens) is read in overlapping
+sentence-aligned windows and takes the row of the window with the highest P(entailment)
+(:mod:`fastnli.engine.windows`); ``citation_window`` names it. All windows of all documents and statements go through
+the same engine pass. ``"truncate"`` cuts such pairs ``longest_first`` instead. Either way, a pair the model reads cut
+is flagged (the statement's ``truncated``, the answer's ``truncated_pairs`` and ``truncated_documents``) and logged
+once per pass; with an engine that cannot tokenize (a stub), the flags come from the token estimate of
+:func:`fastnli.calm.documents.estimate_tokens`.
+
+**2-way heads** (``engine.labels == ("not_entailment", "entailment")``): every check reads P(entailment) only;
+``contradiction`` and ``contradicted`` stay None and an answer is accepted on corroboration alone.
 """
 
 from __future__ import annotations
@@ -50,8 +58,9 @@ import numpy as np
 
 from fastnli.calm.documents import Document, pair_overflows, premise_text
 from fastnli.calm.statements import Statement, split_sentences, split_statements, strip_citations
-from fastnli.engine.labels import CONTRADICTION, ENTAILMENT
+from fastnli.engine.labels import CANONICAL_LABELS, CONTRADICTION, ENTAILMENT_COLUMN
 from fastnli.engine.protocol import EngineLike
+from fastnli.engine.windows import LongPremise, PairWindows, check_long_premise
 
 __all__ = ["AnswerCheck", "AnswerInput", "CheckConfig", "CheckPlan", "EngineLike", "PairPlan", "StatementCheck",
            "CheckCost", "check_answers", "check_cost", "finish_checks", "plan_checks", "rouge_l"]
@@ -73,6 +82,7 @@ class CheckConfig:
         accept_share: least share of corroborated statements for acceptance (default 0.8).
         min_citation_recall: when set, acceptance also needs this citation recall (default None: not used).
         check_citations: compute ALCE citation support (default True); False plans no citation pairs.
+        long_premise: ``"chunk"`` (default: read long premises in windows) or ``"truncate"``.
     """
 
     entailment_rule: Literal["threshold", "argmax"] = "threshold"
@@ -81,8 +91,10 @@ class CheckConfig:
     accept_share: float = 0.8
     min_citation_recall: float | None = None
     check_citations: bool = True
+    long_premise: LongPremise = "chunk"
 
     def __post_init__(self) -> None:
+        check_long_premise(self.long_premise)
         if self.entailment_rule not in ("threshold", "argmax"):
             raise ValueError(f"entailment_rule={self.entailment_rule!r} is not supported; use 'threshold' or 'argmax'")
         for name in ("entailment_threshold", "contradiction_threshold", "accept_share"):
@@ -93,10 +105,10 @@ class CheckConfig:
             raise ValueError(f"min_citation_recall={self.min_citation_recall} must be within [0, 1] (or None)")
 
     def entails(self, probs: np.ndarray) -> bool:
-        """The entailment decision for one probability row ``(contradiction, neutral, entailment)``."""
+        """The entailment decision for one probability row, entailment last (3-way or 2-way head)."""
         if self.entailment_rule == "argmax":
-            return int(np.argmax(probs)) == ENTAILMENT
-        return float(probs[ENTAILMENT]) > self.entailment_threshold
+            return int(np.argmax(probs)) == len(probs) - 1
+        return float(probs[ENTAILMENT_COLUMN]) > self.entailment_threshold
 
 
 @dataclass
@@ -108,15 +120,18 @@ class StatementCheck:
         citations: 0-based indices of the cited documents that exist.
         invalid_citations: out-of-range citation numbers as written (1-based).
         corroboration: max P(entailment) over the verifier's sentences (None without a verifier answer).
-        contradiction: max P(contradiction) over the verifier's sentences.
+        contradiction: max P(contradiction) over the verifier's sentences (None with a 2-way head).
         corroborated: some verifier sentence entails the statement.
-        contradicted: ``contradiction > contradiction_threshold``.
+        contradicted: ``contradiction > contradiction_threshold`` (None with a 2-way head).
         best_sentence: index of the verifier sentence with the highest P(entailment).
         citation_entailment: P(entailment) of the cited documents joined → statement (None when the statement cites
-            nothing valid or cites an out-of-range number).
+            nothing valid or cites an out-of-range number); for cited documents read in windows, the best
+            window's.
+        citation_window: the window of the cited documents that gave ``citation_entailment`` (0-based, in the order
+            of :meth:`fastnli.NLIEngine.windows`); None when they were read whole.
         supported: ALCE citation recall of the statement.
         relevant_citations: per valid citation (same order as ``citations``), whether it is relevant.
-        truncated: some premise checked against this statement is estimated to exceed the model limit.
+        truncated: some premise checked against this statement was read cut to the model limit.
     """
 
     text: str
@@ -128,6 +143,7 @@ class StatementCheck:
     contradicted: bool | None = None
     best_sentence: int | None = None
     citation_entailment: float | None = None
+    citation_window: int | None = None
     supported: bool = False
     relevant_citations: list[bool] = field(default_factory=list)
     truncated: bool = False
@@ -150,8 +166,10 @@ class AnswerCheck:
         num_citations: citations written, out-of-range ones included.
         invalid_citations: out-of-range citation numbers of the whole answer, as written.
         cited_documents: 0-based indices of the documents cited, sorted.
-        truncated_documents: cited documents (0-based) whose text alone is estimated to exceed the model limit.
-        truncated_pairs: planned pairs estimated to exceed the model limit (the engine truncates them).
+        truncated_documents: cited documents (0-based) whose text alone is estimated to exceed the model limit (with
+            ``long_premise="chunk"`` they are read in windows, not truncated).
+        truncated_pairs: planned pairs the model read cut to its limit.
+        chunked_pairs: planned pairs whose premise was read in windows.
         rouge_l: ROUGE-L F1 between answer and verifier answer (lexical, reported only).
         nli_pairs: pairs this answer sent to the engine, per check (before the engine's dedup).
         notes: human-readable remarks (no statements, empty verifier answer, truncation, ...).
@@ -171,6 +189,7 @@ class AnswerCheck:
     cited_documents: list[int] = field(default_factory=list)
     truncated_documents: list[int] = field(default_factory=list)
     truncated_pairs: int = 0
+    chunked_pairs: int = 0
     rouge_l: float | None = None
     nli_pairs: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -197,45 +216,87 @@ class AnswerInput:
 
 
 class PairPlan:
-    """Collects (premise, hypothesis) pairs for one engine pass and flags the ones likely to be truncated.
+    """Collects (premise, hypothesis) pairs for one engine pass, expands long premises into windows and reads the
+    windows' probabilities back per pair.
 
     Args:
-        max_length: the model limit in tokens (default 512), for the ``truncated`` estimate.
+        max_length: the model limit in tokens (default 512), for the ``truncated`` estimate of engines that cannot
+            tokenize.
     """
 
     def __init__(self, max_length: int = DEFAULT_MAX_LENGTH) -> None:
         self.max_length = max_length
         self.pairs: list[tuple[str, str]] = []
+        #: per pair, the model reads it cut (an estimate until :meth:`expand` measured the pairs)
         self.overflow: list[bool] = []
+        #: the pairs measured and long premises expanded (None: not expanded, the model reads ``pairs``)
+        self.windows: PairWindows | None = None
 
     def __len__(self) -> int:
         return len(self.pairs)
 
     def add(self, premise: str, hypothesis: str) -> int:
-        """Plan one pair; returns its row in the pass's output."""
+        """Plan one pair; returns its row in :meth:`read`'s output."""
         self.pairs.append((premise, hypothesis))
         self.overflow.append(pair_overflows(premise, hypothesis, self.max_length))
         return len(self.pairs) - 1
 
+    def expand(self, engine: Any, long_premise: LongPremise = "chunk") -> None:
+        """Measure the pairs with the engine's tokenizer and cut long premises into windows (``"chunk"``); an
+        engine without a ``window_planner`` (a stub) keeps the pairs whole and the token estimate's flags."""
+        planner = getattr(engine, "window_planner", None)
+        if planner is None or not self.pairs:
+            return
+        self.windows = planner.plan([p for p, _ in self.pairs], [h for _, h in self.pairs], long_premise)
+        self.overflow = self.windows.truncated.tolist()
+
+    @property
+    def model_pairs(self) -> list[tuple[str, str]]:
+        """The pairs the model reads: windows expanded (after :meth:`expand`), else :attr:`pairs`."""
+        return self.windows.pairs if self.windows is not None else self.pairs
+
+    @property
+    def chunked(self) -> list[bool]:
+        """Per pair, whether its premise is read in windows."""
+        return self.windows.chunked.tolist() if self.windows is not None else [False] * len(self.pairs)
+
+    def read(self, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(rows (len(pairs), k), best_window (len(pairs),))`` from the probabilities of :attr:`model_pairs`.
+
+        Raises:
+            ValueError: when ``probs`` does not have one row per model pair.
+        """
+        probs = np.asarray(probs, dtype=np.float32)
+        if probs.ndim != 2 or probs.shape[0] != len(self.model_pairs):
+            raise ValueError(f"probs has shape {probs.shape}; the plan needs one row per model pair "
+                             f"({len(self.model_pairs)} rows)")
+        if self.windows is None:
+            return probs, np.full(len(self.pairs), -1, dtype=np.int64)
+        return self.windows.aggregate(probs)
+
     def warn_truncation(self) -> None:
-        """Log one warning when some planned pairs are estimated to exceed the model limit."""
+        """Log one warning when some planned pairs are read cut to the model limit."""
         n_over = sum(self.overflow)
         if n_over:
-            logger.warning("%d of %d NLI pairs are estimated to exceed the model limit of %d tokens; the engine "
-                           "truncates them longest_first (the premise, usually the documents, loses its end) and the "
-                           "results flag them as truncated", n_over, len(self.pairs), self.max_length)
+            measured = "exceed" if self.windows is not None else "are estimated to exceed"
+            logger.warning("%d of %d NLI pairs %s the model limit of %d tokens and are read truncated "
+                           "longest_first (the premise, usually the documents, loses its end); the results flag them "
+                           "as truncated", n_over, len(self.pairs), measured, self.max_length)
 
-    def run(self, engine: EngineLike) -> tuple[np.ndarray, Any]:
-        """The one engine call: ``(probabilities (N, 3), the engine's CallStats or None when nothing was planned)``."""
+    def run(self, engine: EngineLike, long_premise: LongPremise = "chunk") -> tuple[np.ndarray, np.ndarray, Any]:
+        """The one engine call: ``(rows (N, k), best_window (N,), the engine's CallStats or None when nothing was
+        planned)``; long premises are expanded first (:meth:`expand`)."""
         if not self.pairs:
-            return np.zeros((0, 3), dtype=np.float32), None
+            return np.zeros((0, 3), dtype=np.float32), np.zeros(0, dtype=np.int64), None
+        self.expand(engine, long_premise)
         self.warn_truncation()
-        probs, stats = engine.predict_with_stats(self.pairs)
+        probs, stats = engine.predict_with_stats(self.model_pairs)
         probs = np.asarray(probs, dtype=np.float32)
-        if probs.shape != (len(self.pairs), 3):
-            raise ValueError(f"the engine returned probabilities of shape {probs.shape} for {len(self.pairs)} pairs; "
-                             "expected (N, 3)")
-        return probs, stats
+        if probs.ndim != 2 or probs.shape[0] != len(self.model_pairs):
+            raise ValueError(f"the engine returned probabilities of shape {probs.shape} for "
+                             f"{len(self.model_pairs)} pairs; expected (N, k)")
+        rows, best = self.read(probs)
+        return rows, best, stats
 
 
 def engine_max_length(engine: Any) -> int:
@@ -371,34 +432,40 @@ def _plan_answer(plan: PairPlan, item: AnswerInput, config: CheckConfig) -> _Ans
     return _AnswerPlan(item, plans, verifier, counts)
 
 
-def _finish_answer(ap: _AnswerPlan, probs: np.ndarray, overflow: list[bool], config: CheckConfig,
-                   max_length: int) -> AnswerCheck:
+def _finish_answer(ap: _AnswerPlan, probs: np.ndarray, best_window: np.ndarray, pair_plan: PairPlan,
+                   config: CheckConfig) -> AnswerCheck:
     item, docs = ap.item, list(ap.item.documents)
+    overflow, chunked, max_length = pair_plan.overflow, pair_plan.chunked, pair_plan.max_length
+    three_way = probs.shape[1] == len(CANONICAL_LABELS)
     checks: list[StatementCheck] = []
     notes: list[str] = []
     n_citations, n_relevant = 0, 0
     invalid: dict[int, None] = {}
     cited: set[int] = set()
-    truncated_pairs = 0
+    truncated_pairs = chunked_pairs = 0
     for sp in ap.statements:
         st = sp.statement
         sc = StatementCheck(text=st.text, citations=list(st.citations), invalid_citations=list(st.invalid_citations))
         rows = sp.corroboration + ([sp.joint] if sp.joint is not None else []) + sp.single + sp.rest
         sc.truncated = any(overflow[r] for r in rows)
         truncated_pairs += sum(overflow[r] for r in rows)
+        chunked_pairs += sum(chunked[r] for r in rows)
         if ap.verifier_sentences is not None:
             if sp.corroboration:
                 P = probs[sp.corroboration]
-                best = int(np.argmax(P[:, ENTAILMENT]))
-                sc.corroboration = float(P[best, ENTAILMENT])
-                sc.contradiction = float(P[:, CONTRADICTION].max())
+                best = int(np.argmax(P[:, ENTAILMENT_COLUMN]))
+                sc.corroboration = float(P[best, ENTAILMENT_COLUMN])
+                sc.contradiction = float(P[:, CONTRADICTION].max()) if three_way else None
                 sc.corroborated = any(config.entails(row) for row in P)
                 sc.best_sentence = best
             else:
-                sc.corroboration, sc.contradiction, sc.corroborated = 0.0, 0.0, False
-            sc.contradicted = sc.contradiction > config.contradiction_threshold
+                sc.corroboration, sc.corroborated = 0.0, False
+                sc.contradiction = 0.0 if three_way else None
+            sc.contradicted = sc.contradiction > config.contradiction_threshold if sc.contradiction is not None \
+                else None
         if sp.joint is not None:
-            sc.citation_entailment = float(probs[sp.joint, ENTAILMENT])
+            sc.citation_entailment = float(probs[sp.joint, ENTAILMENT_COLUMN])
+            sc.citation_window = int(best_window[sp.joint]) if best_window[sp.joint] >= 0 else None
             sc.supported = config.entails(probs[sp.joint])
             if not sc.supported:
                 sc.relevant_citations = [False] * len(st.citations)
@@ -417,7 +484,8 @@ def _finish_answer(ap: _AnswerPlan, probs: np.ndarray, overflow: list[bool], con
     n = len(checks)
     out = AnswerCheck(answer=item.answer, statements=checks, verifier_sentences=ap.verifier_sentences,
                       num_citations=n_citations, invalid_citations=list(invalid), cited_documents=sorted(cited),
-                      truncated_pairs=truncated_pairs, nli_pairs=ap.nli_pairs, notes=notes)
+                      truncated_pairs=truncated_pairs, chunked_pairs=chunked_pairs, nli_pairs=ap.nli_pairs,
+                      notes=notes)
     out.truncated_documents = [c for c in out.cited_documents if pair_overflows(premise_text([docs[c]]), "",
                                                                                 max_length)]
     if n == 0:
@@ -425,8 +493,14 @@ def _finish_answer(ap: _AnswerPlan, probs: np.ndarray, overflow: list[bool], con
     if invalid:
         notes.append(f"citations out of range: {sorted(invalid)} (the prompt numbered documents 1..{len(docs)})")
     if truncated_pairs:
-        notes.append(f"{truncated_pairs} NLI pair(s) estimated over the model limit of {max_length} tokens were "
+        how = "measured" if pair_plan.windows is not None else "estimated"
+        notes.append(f"{truncated_pairs} NLI pair(s) {how} over the model limit of {max_length} tokens were "
                      "truncated by the engine (longest_first)")
+    if chunked_pairs:
+        notes.append(f"{chunked_pairs} NLI pair(s) over the model limit of {max_length} tokens were read in windows "
+                     "(the best window's probabilities count)")
+    if not three_way and ap.verifier_sentences is not None:
+        notes.append("the NLI model has a 2-way head: contradiction is not checked")
     if config.check_citations:
         out.citation_recall = sum(c.supported for c in checks) / n if n else 0.0
         out.citation_precision = n_relevant / n_citations if n_citations else 0.0
@@ -447,8 +521,9 @@ def _finish_answer(ap: _AnswerPlan, probs: np.ndarray, overflow: list[bool], con
 class CheckPlan:
     """The NLI pairs a set of answers needs, and how to read their checks back from the probabilities.
 
-    Made by :func:`plan_checks`; ``pairs`` go to any engine (or a service's shared batcher) and
-    :func:`finish_checks` turns the probabilities, row ``i`` for ``pairs[i]``, into :class:`AnswerCheck` s.
+    Made by :func:`plan_checks`. :meth:`expand` measures the pairs with an engine's tokenizer and cuts long
+    premises into windows (``config.long_premise``); :attr:`model_pairs` then go to any engine (or a service's shared
+    batcher) and :func:`finish_checks` turns their probabilities into :class:`AnswerCheck` s.
     """
 
     pair_plan: PairPlan = field(repr=False)
@@ -457,36 +532,52 @@ class CheckPlan:
 
     @property
     def pairs(self) -> list[tuple[str, str]]:
+        """The planned (premise, hypothesis) pairs, long premises whole."""
         return self.pair_plan.pairs
+
+    @property
+    def model_pairs(self) -> list[tuple[str, str]]:
+        """The pairs the model reads: :attr:`pairs` with long premises expanded into windows after :meth:`expand`."""
+        return self.pair_plan.model_pairs
 
     @property
     def max_length(self) -> int:
         return self.pair_plan.max_length
+
+    def expand(self, engine: Any) -> CheckPlan:
+        """Measure the pairs with ``engine``'s tokenizer and cut long premises (``config.long_premise``); returns
+        self. An engine without a tokenizer (a stub) leaves the pairs whole."""
+        self.pair_plan.expand(engine, self.config.long_premise)
+        return self
 
 
 def plan_checks(answers: Sequence[AnswerInput], config: CheckConfig | None = None,
                 max_length: int = DEFAULT_MAX_LENGTH) -> CheckPlan:
     """Plan the NLI pairs of :func:`check_answers` without running an engine.
 
-    ``finish_checks(plan, engine.predict(plan.pairs))`` gives the checks of ``check_answers(answers, engine,
-    config)``; ``max_length`` is the engine's pair limit in tokens (:func:`engine_max_length`), for the truncation
-    flags.
+    ``finish_checks(plan, engine.predict(plan.expand(engine).model_pairs))`` gives the checks of
+    ``check_answers(answers, engine, config)``; ``max_length`` is the engine's pair limit in tokens
+    (:func:`engine_max_length`), for the truncation estimate of engines that cannot tokenize.
     """
     config = config or CheckConfig()
     pair_plan = PairPlan(max_length)
     return CheckPlan(pair_plan, [_plan_answer(pair_plan, a, config) for a in answers], config)
 
 
+def _finish(plan: CheckPlan, rows: np.ndarray, best_window: np.ndarray) -> list[AnswerCheck]:
+    return [_finish_answer(ap, rows, best_window, plan.pair_plan, plan.config) for ap in plan.answers]
+
+
 def finish_checks(plan: CheckPlan, probs: np.ndarray) -> list[AnswerCheck]:
-    """The checks of ``plan`` from the probabilities ``(len(plan.pairs), 3)`` (contradiction, neutral, entailment).
+    """The checks of ``plan`` from the probabilities of its :attr:`~CheckPlan.model_pairs` ``(len(model_pairs),
+    k)``, entailment last (``(contradiction, neutral, entailment)`` or a 2-way head's ``(not_entailment,
+    entailment)``).
 
     Raises:
-        ValueError: when ``probs`` does not have one row per planned pair.
+        ValueError: when ``probs`` does not have one row per model pair.
     """
-    probs = np.asarray(probs, dtype=np.float32)
-    if probs.shape != (len(plan.pairs), 3):
-        raise ValueError(f"probs has shape {probs.shape}; the plan needs ({len(plan.pairs)}, 3), one row per pair")
-    return [_finish_answer(ap, probs, plan.pair_plan.overflow, plan.config, plan.max_length) for ap in plan.answers]
+    rows, best = plan.pair_plan.read(probs)
+    return _finish(plan, rows, best)
 
 
 def check_answers(answers: Sequence[AnswerInput], engine: EngineLike, config: CheckConfig | None = None
@@ -503,5 +594,5 @@ def check_answers(answers: Sequence[AnswerInput], engine: EngineLike, config: Ch
         the pass (None when no pair was needed and the engine was not called).
     """
     plan = plan_checks(answers, config, engine_max_length(engine))
-    probs, stats = plan.pair_plan.run(engine)
-    return finish_checks(plan, probs), stats
+    rows, best, stats = plan.pair_plan.run(engine, plan.config.long_premise)
+    return _finish(plan, rows, best), stats

@@ -111,11 +111,15 @@ def _retrieve(states: list[_Query], retriever: Retriever, pool: ThreadPoolExecut
             _fail(q, exc, on_error, None)
 
 
-def _warn_long_documents(states: list[_Query], max_length: int) -> None:
+def _warn_long_documents(states: list[_Query], max_length: int, long_premise: str) -> None:
     long = [(q.index, j) for q in states for j, d in enumerate(q.pool)
             if estimate_tokens(d.text) + estimate_tokens(d.title) > max_length]
     if long:
         where = ", ".join(f"documents[{i}][{j}]" for i, j in long[:5]) + (" ..." if len(long) > 5 else "")
+        if long_premise == "chunk":
+            logger.info("%d document(s) are estimated over the NLI model's limit of %d tokens (%s); checks read them "
+                        "in windows (long_premise='chunk')", len(long), max_length, where)
+            return
         logger.warning("%d document(s) are estimated over the NLI model's limit of %d tokens (%s); the engine "
                        "truncates each (premise, hypothesis) pair longest_first, so checks see only the beginning of "
                        "such documents; results flag them (truncated, truncated_documents)", len(long), max_length,
@@ -222,7 +226,7 @@ def calm_batch(
     with ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="fastnli-calm") as pool:
         if retriever is not None:
             _retrieve(states, retriever, pool, on_error)
-        _warn_long_documents([q for q in states if not q.done], engine_max_length(engine))
+        _warn_long_documents([q for q in states if not q.done], engine_max_length(engine), config.long_premise)
         report()
         for t in range(1, max_iterations + 1):
             active = [q for q in states if not q.done]

@@ -21,6 +21,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from fastnli.engine.sentences import sentence_spans
+
 __all__ = ["Statement", "format_citations", "parse_citations", "split_sentences", "split_statements",
            "strip_citations"]
 
@@ -28,12 +30,6 @@ _MARKER = re.compile(r"\[\s*(\d+(?:\s*[-–,;]\s*\d+)*)\s*\]")
 _MARKER_WITH_SPACE = re.compile(r"\s*\[\s*\d+(?:\s*[-–,;]\s*\d+)*\s*\]")
 _LEADING_MARKERS = re.compile(r"^(?:\s*\[\s*\d+(?:\s*[-–,;]\s*\d+)*\s*\])+[.!?。！？]?")
 _BULLET = re.compile(r"^\s*(?:[-*+•]|\d{1,3}[.)])\s+")
-_BOUNDARY = re.compile(r"[.!?]+[\"'”’)\]]*\s+|[。！？]+\s*")
-_ABBREVIATIONS = frozenset({
-    "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "mt", "vs", "e.g", "i.e", "inc", "ltd", "co", "corp", "no",
-    "fig", "approx", "dept", "est", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec",
-    "u.s", "u.k", "a.m", "p.m", "ca", "cf", "al", "gen", "gov", "sen", "rep", "rev", "ph.d", "b.c", "a.d",
-})
 _MAX_RANGE = 100  # "[1-3]" expands; a wider range is read as its two endpoints
 
 
@@ -106,32 +102,8 @@ def format_citations(indices: Iterable[int]) -> str:
     return "".join(f"[{i + 1}]" for i in indices)
 
 
-def _is_abbreviation(chunk: str) -> bool:
-    words = chunk.split()
-    if not words:
-        return False
-    word = words[-1].lstrip("(\"'“‘").rstrip(".!?").lower()
-    return word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha())
-
-
 def _split_block(block: str) -> list[str]:
-    sentences: list[str] = []
-    start = 0
-    for m in _BOUNDARY.finditer(block):
-        end = m.end()
-        if end >= len(block):
-            break
-        punct_at = m.start()
-        nxt = block[end:end + 1]
-        if block[punct_at] == "." and _is_abbreviation(block[start:punct_at + 1]):
-            continue
-        if nxt.islower():
-            continue
-        sentences.append(block[start:end].strip())
-        start = end
-    tail = block[start:].strip()
-    if tail:
-        sentences.append(tail)
+    sentences = [block[start:end] for start, end in sentence_spans(block)]
     # Markers that open a sentence belong to the one before it ("... capital. [1] It is ...").
     merged: list[str] = []
     for s in sentences:

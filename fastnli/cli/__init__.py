@@ -1,4 +1,4 @@
-"""The ``fastnli`` command line: export, checkpoint, predict, info, score, calm, alce, serve.
+"""The ``fastnli`` command line: export, checkpoint, predict, info, score, calm, alce, grounding, serve.
 
 One module per subcommand (:mod:`~fastnli.cli.export`, :mod:`~fastnli.cli.predict`, :mod:`~fastnli.cli.score`,
 :mod:`~fastnli.cli.calm`, :mod:`~fastnli.cli.serve`), each with ``add_parser``; what they share is in
@@ -20,7 +20,7 @@ __all__ = ["build_parser", "main"]
 
 #: ``fastnli --help``'s description: plain text (the module docstring is reStructuredText).
 DESCRIPTION = ("fastnli: fast NLI consistency checks of LLM output. Commands: export, checkpoint, predict, info, "
-               "score, calm, alce, serve; `fastnli COMMAND --help` for each.")
+               "score, calm, alce, grounding, serve; `fastnli COMMAND --help` for each.")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -135,6 +135,8 @@ def _add_alce_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--entailment-rule", default="threshold", choices=["threshold", "argmax"],
                    help="threshold: P(entailment) > --entailment-threshold (default); argmax: entailment most probable")
     p.add_argument("--entailment-threshold", type=float, default=0.5, help="default 0.5")
+    p.add_argument("--long-premise", default="chunk", choices=["chunk", "truncate"],
+                   help="cited documents longer than the model: chunk (default) reads them in windows, truncate cuts")
     add_engine_arguments(p)
 
 
@@ -148,7 +150,8 @@ def _run_alce(args: argparse.Namespace) -> int:
             raise ValueError(f"{args.input}:{r['_line']}: field 'answer' must be a string")
         r["_documents"] = _documents(args.input, r)
     engine = engine_from_args(args)
-    config = CheckConfig(entailment_rule=args.entailment_rule, entailment_threshold=args.entailment_threshold)
+    config = CheckConfig(entailment_rule=args.entailment_rule, entailment_threshold=args.entailment_threshold,
+                         long_premise=args.long_premise)
     result = alce_citations([r["answer"] for r in rows], [r["_documents"] for r in rows], engine, config)
 
     def records() -> Iterator[dict[str, Any]]:
@@ -159,7 +162,8 @@ def _run_alce(args: argparse.Namespace) -> int:
                        truncated_documents=check.truncated_documents,
                        statements=[{"text": s.text, "citations": s.citations, "invalid_citations": s.invalid_citations,
                                     "supported": s.supported, "relevant_citations": s.relevant_citations,
-                                    "citation_entailment": s.citation_entailment, "truncated": s.truncated}
+                                    "citation_entailment": s.citation_entailment,
+                                    "citation_window": s.citation_window, "truncated": s.truncated}
                                    for s in check.statements])
             yield rec
 
@@ -171,8 +175,44 @@ def _run_alce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_grounding(args: argparse.Namespace) -> int:
+    from fastnli.calm.grounding import finish_grounding, plan_grounding
+
+    rows = read_jsonl(args.input)
+    engine = engine_from_args(args)
+    plans = []
+    for r in rows:
+        where = f"{args.input}:{r['_line']}"
+        if ("statements" in r) == ("answer" in r):
+            raise ValueError(f"{where}: give exactly one of 'statements' (a list of strings) and 'answer' (a text)")
+        try:
+            statements = r["statements"] if "statements" in r else r["answer"]
+            plans.append(plan_grounding(statements, _documents(args.input, r), engine, args.granularity,
+                                        args.threshold))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    pairs = [pair for plan in plans for pair in plan.pairs]
+    probs, stats = engine.predict_with_stats(pairs)  # one engine pass for the whole file
+
+    def records() -> Iterator[dict[str, Any]]:
+        offset = 0
+        for r, plan in zip(rows, plans):
+            n = len(plan.pairs)
+            result = finish_grounding(plan, probs[offset:offset + n], engine.labels)
+            offset += n
+            out = result.to_dict(matrix=args.matrix)
+            for key in ("stats", "device", "precision", "seconds"):
+                out.pop(key)
+            yield {**{key: v for key, v in r.items() if not key.startswith("_")}, **out}
+
+    write_jsonl(args.output, records())
+    logger.info("%d lines: %d pairs (%d unique, %d truncated) on %s/%s in %.2f s", len(rows), stats.pairs_in,
+                stats.unique_pairs, stats.truncated_pairs, engine.device, engine.precision, stats.seconds)
+    return 0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``fastnli calm`` and ``fastnli alce`` to the subcommands."""
+    """Add ``fastnli calm``, ``fastnli alce`` and ``fastnli grounding`` to the subcommands."""
     p = sub.add_parser("calm", help="CaLM: verify grounded answers of a large LM with a small LM and NLI (JSONL of "
                        "queries + documents)")
     _add_calm_arguments(p)
@@ -180,3 +220,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p = sub.add_parser("alce", help="ALCE citation recall and precision of a JSONL file of {answer, documents}")
     _add_alce_arguments(p)
     p.set_defaults(func=_run_alce)
+    p = sub.add_parser("grounding", help="statement x source NLI matrix, SummaC-ZS and max-over-sources score of a "
+                       "JSONL file of {statements or answer, documents}")
+    p.add_argument("input", help="JSONL with {statements: [str] or answer: str, documents: [...]} per line")
+    p.add_argument("-o", "--output", default=None, help="output JSONL (default: stdout)")
+    p.add_argument("--granularity", default="window", choices=["window", "sentence"],
+                   help="sources: document windows that fit the model (default) or document sentences")
+    p.add_argument("--threshold", type=float, default=0.5, help="supported: max entailment > this (default 0.5)")
+    p.add_argument("--matrix", action="store_true", help="write the probability tensor (probs) too")
+    add_engine_arguments(p)
+    p.set_defaults(func=_run_grounding)

@@ -76,7 +76,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="tiny (default: 2 layers, hidden 32, seconds to build), base (12 layers, hidden 768) or "
                    "large (24 layers, hidden 1024: deberta-large-mnli shaped)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights (default 0): same seed, same checkpoint")
-    p.add_argument("--label-order", default="cne", choices=["cne", "cen", "enc"],
+    p.add_argument("--label-order", default="cne", choices=["cne", "cen", "enc", "2way", "2way-supported"],
                    help="id2label order: cne (default: contradiction, neutral, entailment as deberta-large-mnli), "
-                   "cen or enc (orders seen on the hub)")
+                   "cen or enc (orders seen on the hub); 2way (entailment, not_entailment) or 2way-supported "
+                   "(unsupported, supported) for a 2-way head")
     p.set_defaults(func=_cmd_checkpoint)

@@ -22,12 +22,16 @@ def _cmd_predict(args: argparse.Namespace) -> int:
                 raise ValueError(f"{args.input}:{r['_line']}: field {key!r} must be a string")
         pairs.append((r["premise"], r["hypothesis"]))
     engine = engine_from_args(args)
-    probs, stats = engine.predict_with_stats(pairs)
+    result = engine.predict_detailed(pairs, long_premise=args.long_premise)
+    stats = result.stats
     write_jsonl(args.output, ({**{k: v for k, v in r.items() if k != "_line"},
                               **{lab: float(x) for lab, x in zip(engine.labels, p)},
-                              "label": engine.labels[int(p.argmax())]} for r, p in zip(rows, probs)))
-    logger.info("%d pairs (%d unique) in %.2f s on %s/%s, padding efficiency %.3f", stats.pairs_in,
-                stats.unique_pairs, stats.seconds, engine.device, engine.precision, stats.padding_efficiency)
+                              "label": engine.labels[int(p.argmax())], "truncated": bool(cut),
+                              **({"window": int(w)} if w >= 0 else {})}
+                             for r, p, cut, w in zip(rows, result.probs, result.truncated, result.best_window)))
+    logger.info("%d pairs (%d unique, %d read in windows, %d truncated) in %.2f s on %s/%s, padding efficiency %.3f",
+                stats.pairs_in, stats.unique_pairs, stats.chunked_pairs, stats.truncated_pairs, stats.seconds,
+                engine.device, engine.precision, stats.padding_efficiency)
     return 0
 
 
@@ -43,8 +47,11 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add ``fastnli predict`` and ``fastnli info`` to the subcommands."""
     p = sub.add_parser("predict", help="NLI probabilities for a JSONL file of {premise, hypothesis} lines; each "
-                       "output line adds contradiction, neutral, entailment and label (the most probable)")
+                       "output line adds contradiction, neutral, entailment, label (the most probable), truncated, "
+                       "and window (the best window's index) for a premise read in windows")
     p.add_argument("input")
+    p.add_argument("--long-premise", default="truncate", choices=["truncate", "chunk"],
+                   help="a pair longer than the model: truncate (default, reported) or chunk (premise in windows)")
     p.add_argument("-o", "--output", default=None, help="output JSONL (default: stdout)")
     add_engine_arguments(p)
     p.set_defaults(func=_cmd_predict)

@@ -15,6 +15,7 @@ from typing import Any
 from fastnli.distributed.artifact import SharedArtifact
 from fastnli.engine import BatchPolicy, NLIEngine, SessionConfig
 from fastnli.engine.engine import DeviceArg, PrecisionArg
+from fastnli.engine.labels import require_three_way
 from fastnli.scorers.api import plan_scores, score_rows
 from fastnli.scorers.questions import QUESTION_FORMAT
 from fastnli.scorers.records import check_record
@@ -56,6 +57,7 @@ class NLIScorer:
                  question_format: str | None = None, require_prompts: bool = False) -> None:
         self.engine = NLIEngine(artifact.open(), device=device, precision=precision, batch_policy=batch_policy,
                                 session_config=SessionConfig(intra_op_threads=threads))
+        require_three_way(self.engine.labels, f"scoring {list(scorers)} on Ray")
         self.scorers = tuple(scorers)
         self.use_best = use_best
         self.max_length = max_length

@@ -67,7 +67,8 @@ def score_unique(
     stats: RunStats | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> np.ndarray:
-    """Probabilities ``(U, 3)`` float32 in canonical order (contradiction, neutral, entailment) for U pairs.
+    """Probabilities ``(U, len(columns))`` float32 in canonical order (contradiction, neutral, entailment; a 2-way
+    head: not_entailment, entailment) for U pairs.
 
     ``run`` maps a feed dict to logits ``(rows, num_labels)``; a list of them (one per stream: separate ORT
     sessions) runs batches concurrently, each stream taking the next unstarted batch. ``columns`` picks the
@@ -75,7 +76,7 @@ def score_unique(
     from one thread at a time.
     """
     n = len(premises)
-    out = np.empty((n, 3), dtype=np.float32)
+    out = np.empty((n, len(columns)), dtype=np.float32)
     if n == 0:
         return out
     runs = [run] if callable(run) else list(run)

@@ -20,7 +20,7 @@ import numpy as np
 
 from fastnli._env import env_str
 from fastnli.engine.batches import CPU_POLICY, CUDA_POLICY, BatchPolicy, RunStats, score_unique
-from fastnli.engine.labels import CANONICAL_LABELS
+from fastnli.engine.labels import labels_of
 from fastnli.engine.manifest import (
     PRECISIONS,
     Manifest,
@@ -41,6 +41,7 @@ from fastnli.engine.session import (
     session_model,
 )
 from fastnli.engine.tokenize import PairTokenizer
+from fastnli.engine.windows import LongPremise, WindowPlanner, WindowPolicy, check_long_premise
 from fastnli.kernels import dedup_pairs, scatter_rows
 
 logger = logging.getLogger("fastnli")
@@ -57,8 +58,13 @@ INT8_MIN_AGREEMENT = 0.98
 class CallStats:
     """Counters of one :meth:`NLIEngine.predict` call.
 
-    ``dedup_ratio`` is ``pairs_in / unique_pairs`` (1.0 = no duplicates); ``padding_efficiency`` is
-    ``real_tokens / padded_tokens`` over the batches actually run (1.0 when nothing ran).
+    ``pairs_in`` pairs came in, ``unique_pairs`` of them distinct. With ``long_premise="chunk"``,
+    ``chunked_pairs`` distinct pairs were read in windows: ``requested_pairs`` counts the model pairs the input asks
+    for (a chunked pair counts once per window, duplicates included) and ``model_pairs`` the distinct ones the
+    scheduler ran or found in the cache (windows deduplicated across pairs, documents and statements).
+    ``truncated_pairs`` distinct pairs were read cut to the model limit. ``dedup_ratio`` is ``pairs_in /
+    unique_pairs`` (1.0 = no duplicates); ``padding_efficiency`` is ``real_tokens / padded_tokens`` over the batches
+    actually run (1.0 when nothing ran).
     """
 
     pairs_in: int = 0
@@ -69,6 +75,11 @@ class CallStats:
     real_tokens: int = 0
     padded_tokens: int = 0
     seconds: float = 0.0
+    long_premise: str = "truncate"
+    truncated_pairs: int = 0
+    chunked_pairs: int = 0
+    requested_pairs: int = 0
+    model_pairs: int = 0
 
     @property
     def dedup_ratio(self) -> float:
@@ -83,6 +94,29 @@ class CallStats:
         d["dedup_ratio"] = self.dedup_ratio
         d["padding_efficiency"] = self.padding_efficiency
         return d
+
+
+@dataclass
+class Predictions:
+    """What :meth:`NLIEngine.predict_detailed` returns, one entry per input pair in input order.
+
+    Attributes:
+        probs: float32 ``(N, k)`` probabilities in the order of :attr:`NLIEngine.labels` (entailment last); a
+            chunked pair's row is its best window's (:mod:`fastnli.engine.windows`).
+        best_window: int64 ``(N,)``: index of the best window (:meth:`NLIEngine.windows` lists them), -1 for a pair
+            read whole.
+        num_windows: int64 ``(N,)``: windows read (1 for a pair read whole).
+        truncated: bool ``(N,)``: the model read the pair cut to ``max_length`` tokens.
+        tokens: int64 ``(N,)``: the whole pair's tokens, special tokens included.
+        stats: the call's counters.
+    """
+
+    probs: np.ndarray
+    best_window: np.ndarray
+    num_windows: np.ndarray
+    truncated: np.ndarray
+    tokens: np.ndarray
+    stats: CallStats
 
 
 def cache_root() -> Path:
@@ -239,7 +273,7 @@ class NLIEngine:
 
     def __init__(self, artifact_dir: str | Path, device: DeviceArg = "auto", precision: PrecisionArg = "auto",
                  batch_policy: BatchPolicy | None = None, session_config: SessionConfig | None = None,
-                 result_cache: ResultCache | None = None) -> None:
+                 result_cache: ResultCache | None = None, window_policy: WindowPolicy | None = None) -> None:
         if device not in ("auto", "cuda", "cpu"):
             raise ValueError(f"device={device!r} is not supported; use 'auto', 'cuda' or 'cpu'")
         if precision not in ("auto", *PRECISIONS):
@@ -251,6 +285,8 @@ class NLIEngine:
         self._session_config = session_config or SessionConfig()
         self.result_cache = result_cache
         self._tokenizer = PairTokenizer(self.artifact_dir / "tokenizer.json", self.manifest.max_length)
+        #: cuts long premises into windows (``long_premise="chunk"``); its ``policy`` is a :class:`WindowPolicy`
+        self.window_planner = WindowPlanner(self._tokenizer, window_policy)
         self._lock = threading.Lock()
         self.fallbacks = 0
         self.last_stats = CallStats()
@@ -270,6 +306,7 @@ class NLIEngine:
         session_config: SessionConfig | None = None,
         result_cache: ResultCache | None = None,
         cache_dir: str | Path | None = None,
+        window_policy: WindowPolicy | None = None,
     ) -> NLIEngine:
         """Load an engine.
 
@@ -288,6 +325,9 @@ class NLIEngine:
                 carry the artifact hash, the precision in use and the INT8 kernel mode, so engines never see each
                 other's results unless they come from the same graph run the same way.
             cache_dir: overrides ``$FASTNLI_CACHE`` for exports of HF checkpoints.
+            window_policy: how ``long_premise="chunk"`` cuts long premises (default
+                :class:`~fastnli.engine.windows.WindowPolicy()`: windows as large as the model allows, 64 tokens of
+                overlap).
         """
         if name_or_dir is None:
             from fastnli.default_model import default_model_dir
@@ -295,7 +335,7 @@ class NLIEngine:
             name_or_dir = default_model_dir()
         artifact = resolve_artifact(name_or_dir, cache_dir)
         return cls(artifact, device=device, precision=precision, batch_policy=batch_policy,
-                   session_config=session_config, result_cache=result_cache)
+                   session_config=session_config, result_cache=result_cache, window_policy=window_policy)
 
     def _graph(self, precision: str) -> Path:
         """The verified graph file of ``precision`` (:func:`~fastnli.engine.manifest.verify_graph`)."""
@@ -401,44 +441,103 @@ class NLIEngine:
 
     # -- inference ----------------------------------------------------------------------------------------------
     @property
-    def labels(self) -> tuple[str, str, str]:
-        """Column names of :meth:`predict`'s output: ``("contradiction", "neutral", "entailment")``."""
-        return CANONICAL_LABELS
+    def labels(self) -> tuple[str, ...]:
+        """Column names of :meth:`predict`'s output: ``("contradiction", "neutral", "entailment")`` for a 3-way
+        head, ``("not_entailment", "entailment")`` for a 2-way head (the manifest's ``columns``)."""
+        return labels_of(self.manifest.columns)
 
-    def predict(self, pairs: Sequence[tuple[str, str]] | tuple[str, str]) -> np.ndarray:
+    def predict(self, pairs: Sequence[tuple[str, str]] | tuple[str, str],
+                long_premise: LongPremise = "truncate") -> np.ndarray:
         """NLI probabilities of (premise, hypothesis) pairs.
 
         Args:
-            pairs: a list of ``(premise, hypothesis)`` string pairs, or one pair. Empty strings are legal text;
-                texts longer than the model maximum are truncated ``longest_first`` to 512 tokens.
+            pairs: a list of ``(premise, hypothesis)`` string pairs, or one pair. Empty strings are legal text.
+            long_premise: what happens to a pair longer than the model maximum (``manifest.max_length``, 512):
+                ``"truncate"`` (default) cuts it ``longest_first``, reported in :attr:`last_stats` and one log
+                warning; ``"chunk"`` reads the premise in overlapping sentence-aligned windows and returns the row of
+                the window with the highest P(entailment) (:mod:`fastnli.engine.windows`).
 
         Returns:
             float32 array ``(N, 3)`` (``(3,)`` for a single pair) of probabilities in the order
-            ``(contradiction, neutral, entailment)``, rows in input order. An empty list gives ``(0, 3)``.
+            ``(contradiction, neutral, entailment)`` (a 2-way head: ``(N, 2)``, ``(not_entailment, entailment)``,
+            see :attr:`labels`), rows in input order. An empty list gives ``(0, k)``.
 
         Raises:
             TypeError / ValueError: naming the offending index, for anything that is not a pair of strings, or a
-                text that is not valid UTF-8 (a lone surrogate such as ``"\\ud800"``), checked before tokenizing.
+                text that is not valid UTF-8 (a lone surrogate such as ``"\\ud800"``), checked before tokenizing;
+                ValueError for an unknown ``long_premise``.
         """
-        probs, _ = self.predict_with_stats(pairs)
+        probs, _ = self.predict_with_stats(pairs, long_premise=long_premise)
         return probs
 
     def predict_with_stats(
-        self, pairs: Sequence[tuple[str, str]] | tuple[str, str], progress: Callable[[int, int], None] | None = None
+        self, pairs: Sequence[tuple[str, str]] | tuple[str, str], progress: Callable[[int, int], None] | None = None,
+        long_premise: LongPremise = "truncate",
     ) -> tuple[np.ndarray, CallStats]:
         """Like :meth:`predict`, also returning this call's :class:`CallStats`.
 
         ``progress``, if given, is called after each batch with ``(pairs in that batch, pairs to score in all)``
         (for progress bars; cache hits are not counted).
         """
+        single = isinstance(pairs, tuple) and len(pairs) == 2 and all(isinstance(x, str) for x in pairs)
+        result = self.predict_detailed(pairs, long_premise, progress)
+        return (result.probs[0] if single else result.probs), result.stats
+
+    def predict_detailed(self, pairs: Sequence[tuple[str, str]] | tuple[str, str],
+                         long_premise: LongPremise = "chunk",
+                         progress: Callable[[int, int], None] | None = None) -> Predictions:
+        """:meth:`predict` with the long-premise report of every pair (:class:`Predictions`); ``long_premise``
+        defaults to ``"chunk"`` here. One pair gives one row (``probs`` of shape ``(1, k)``).
+
+        Flow: validate → dedup → measure and expand long premises (:class:`~fastnli.engine.windows.WindowPlanner`)
+        → dedup the (window, hypothesis) pairs → result cache → one scheduler pass (tokenize, pack by length, run)
+        → best window per pair → scatter to input order.
+        """
         t0 = time.perf_counter()
-        premises, hypotheses, single = _validate_pairs(pairs)
-        stats = CallStats(pairs_in=len(premises))
+        premises, hypotheses, _ = _validate_pairs(pairs)
+        mode = check_long_premise(long_premise)
+        stats = CallStats(pairs_in=len(premises), long_premise=mode)
         first, inverse = dedup_pairs(premises, hypotheses)
         up = [premises[i] for i in first]
         uh = [hypotheses[i] for i in first]
         stats.unique_pairs = len(up)
-        unique = np.empty((len(up), 3), dtype=np.float32)
+        plan = self.window_planner.plan(up, uh, mode)
+        stats.truncated_pairs = int(plan.truncated.sum())
+        stats.chunked_pairs = int(plan.chunked.sum())
+        stats.requested_pairs = int(plan.num_windows[inverse].sum())
+        expanded = len(plan.pairs) != len(up)
+        if expanded:
+            mfirst, minverse = dedup_pairs([p for p, _ in plan.pairs], [h for _, h in plan.pairs])
+            mp = [plan.pairs[i][0] for i in mfirst]
+            mh = [plan.pairs[i][1] for i in mfirst]
+        else:
+            mp, mh = up, uh
+        stats.model_pairs = len(mp)
+        scored = self._score_unique_pairs(mp, mh, stats, progress)
+        rows, best = plan.aggregate(scatter_rows(scored, minverse) if expanded else scored)
+        if stats.truncated_pairs:
+            self._warn_truncated(plan.truncated, plan.tokens, mode)
+        out = scatter_rows(rows, inverse)
+        stats.seconds = time.perf_counter() - t0
+        self.last_stats = stats
+        return Predictions(out, best[inverse], plan.num_windows[inverse], plan.truncated[inverse],
+                           plan.tokens[inverse], stats)
+
+    def _warn_truncated(self, truncated: np.ndarray, tokens: np.ndarray, mode: str) -> None:
+        n, longest = int(truncated.sum()), int(tokens[truncated].max())
+        if mode == "truncate":
+            logger.warning("%d of %d distinct pairs exceed the model limit of %d tokens (longest: %d) and are read "
+                           "truncated longest_first; long_premise='chunk' reads their premises in windows instead",
+                           n, len(truncated), self.max_length, longest)
+        else:
+            logger.warning("%d of %d distinct pairs are read truncated to %d tokens (longest: %d): their hypothesis "
+                           "leaves fewer than %d tokens for premise windows", n, len(truncated), self.max_length,
+                           longest, self.window_planner.policy.min_window_tokens)
+
+    def _score_unique_pairs(self, up: list[str], uh: list[str], stats: CallStats,
+                            progress: Callable[[int, int], None] | None) -> np.ndarray:
+        """Probabilities of distinct pairs: result cache, then one scheduler pass over the rest."""
+        unique = np.empty((len(up), len(self.labels)), dtype=np.float32)
         todo = list(range(len(up)))
         cache = self.result_cache
         keys: list[tuple[str, str, str]] = []
@@ -462,10 +561,19 @@ class NLIEngine:
             stats.computed_pairs = len(todo)
             stats.batches, stats.real_tokens, stats.padded_tokens = (
                 run_stats.batches, run_stats.real_tokens, run_stats.padded_tokens)
-        out = scatter_rows(unique, inverse)
-        stats.seconds = time.perf_counter() - t0
-        self.last_stats = stats
-        return (out[0] if single else out), stats
+        return unique
+
+    @property
+    def max_length(self) -> int:
+        """The pair limit in tokens, special tokens included (``manifest.max_length``)."""
+        return self._tokenizer.max_length
+
+    def windows(self, premise: str, hypothesis: str) -> list[str]:
+        """The premise texts ``long_premise="chunk"`` reads for this pair: its windows, in order, or ``[premise]``
+        when the pair fits (or its hypothesis leaves too little room, and it is read truncated)."""
+        _validate_pairs((premise, hypothesis))
+        plan = self.window_planner.plan([premise], [hypothesis], "chunk")
+        return plan.windows(0)
 
     def token_lengths(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         """Token count of each pair as the engine encodes it (special tokens included, after truncation)."""

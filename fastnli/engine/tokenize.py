@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +35,11 @@ class PairTokenizer:
         self._tok.no_padding()
         self._tok.enable_truncation(max_length=self.max_length, strategy="longest_first", stride=0,
                                     direction="right")
+        self._whole = Tokenizer.from_str(self._tok.to_str())  # the same tokenizer without truncation
+        self._whole.no_truncation()
+        processor = self._tok.post_processor
+        #: special tokens a pair adds to its two texts (3 for ``[CLS] premise [SEP] hypothesis [SEP]``)
+        self.pair_special_tokens = int(processor.num_special_tokens_to_add(True)) if processor is not None else 0
 
     def encode(
         self, premises: Sequence[str], hypotheses: Sequence[str], with_type_ids: bool = False
@@ -48,3 +54,8 @@ class PairTokenizer:
         flat, offsets = flatten_token_lists([e.ids for e in encodings])
         types = flatten_token_lists([e.type_ids for e in encodings])[0] if with_type_ids else None
         return flat, offsets, types
+
+    def encode_texts(self, texts: Sequence[str]) -> list[Any]:
+        """Tokenize single texts whole (no special tokens, no truncation): ``tokenizers`` ``Encoding`` objects,
+        whose ``ids`` and ``offsets`` (character spans in the text) the window planner reads."""
+        return list(self._whole.encode_batch(list(texts), add_special_tokens=False))

@@ -40,11 +40,14 @@ Arch = Literal["deberta", "deberta-v2", "bert"]
 Size = Literal["tiny", "base", "large"]
 
 #: id2label orders seen on the hub: deberta-large-mnli (C/N/E), cross-encoder/nli-deberta-v3 (C/E/N),
-#: MoritzLaurer/DeBERTa-v3-*-mnli (E/N/C).
+#: MoritzLaurer/DeBERTa-v3-*-mnli (E/N/C); 2-way heads: the zero-shot v2.0 family (entailment / not_entailment) and
+#: grounding checkers (unsupported / supported).
 LABEL_ORDERS: dict[str, list[str]] = {
     "cne": ["CONTRADICTION", "NEUTRAL", "ENTAILMENT"],
     "cen": ["contradiction", "entailment", "neutral"],
     "enc": ["entailment", "neutral", "contradiction"],
+    "2way": ["entailment", "not_entailment"],
+    "2way-supported": ["unsupported", "supported"],
 }
 
 _SIZES: dict[str, dict[str, int]] = {
@@ -129,7 +132,8 @@ def build_checkpoint(
         arch: ``"deberta"`` (v1, as deberta-large-mnli) or ``"deberta-v2"`` (v2/v3).
         size: ``"tiny"``, ``"base"`` or ``"large"`` (see the module docstring).
         seed: seeds the tokenizer corpus and the weights; the same seed gives the same bytes.
-        label_order: a key of :data:`LABEL_ORDERS` — the checkpoint's own ``id2label`` order.
+        label_order: a key of :data:`LABEL_ORDERS` — the checkpoint's own ``id2label`` order (``"2way"`` and
+            ``"2way-supported"`` build a 2-way head).
         num_layers: override the layer count (e.g. a 2-layer large-width model for quick checks).
 
     Returns:

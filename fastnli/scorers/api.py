@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from fastnli.engine import CallStats, NLIEngine, default_engine
+from fastnli.engine.labels import CANONICAL_LABELS, require_three_way
 from fastnli.scorers import formulas
 from fastnli.scorers.questions import (
     QUESTION_FORMAT,
@@ -360,6 +361,7 @@ def score(
                        "each response is scored as given (uqlm's BlackBoxUQ ignores it the same way)")
     if engine is None:
         engine = default_engine()
+    require_three_way(getattr(engine, "labels", CANONICAL_LABELS), f"fastnli.score (scorers {list(scorer_set)})")
     fmt = resolve_question_format(question_aware, prompts, model_question_format(engine))
     plan = _build_plan(responses, sampled_responses, scorer_set, use_best, return_matrix, max_length,
                        prompts if fmt else None, fmt or QUESTION_FORMAT)

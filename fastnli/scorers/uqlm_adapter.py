@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from fastnli.engine import NLIEngine
-from fastnli.engine.labels import CANONICAL_LABELS, CONTRADICTION, ENTAILMENT
+from fastnli.engine.labels import CANONICAL_LABELS, CONTRADICTION, ENTAILMENT, require_three_way
 
 logger = logging.getLogger("fastnli")
 
@@ -41,6 +41,7 @@ class FastNLI:
     def __init__(self, model: NLIEngine | str | Path | None = None, max_length: int = 2000,
                  **engine_kwargs: Any) -> None:
         self.engine = model if isinstance(model, NLIEngine) else NLIEngine.from_pretrained(model, **engine_kwargs)
+        require_three_way(self.engine.labels, "uqlm's NLI scorers")
         self.max_length = max_length
         self.label_mapping = list(CANONICAL_LABELS)
         self.probabilities: dict[tuple[str, str], np.ndarray] = {}

@@ -18,6 +18,9 @@ Errors use TEI's body form ``{"error": str, "error_type": str}``: 413/415/422 ``
 429 ``Overloaded`` (with ``Retry-After``), 503 ``Unhealthy`` (model loading or shutting down, with ``Retry-After``),
 408/504 ``Timeout``, 500 ``Backend`` (the engine raised).
 
+``POST /v1/grounding`` is :func:`fastnli.grounding` (:func:`~fastnli.calm.grounding.plan_grounding` /
+:func:`~fastnli.calm.grounding.finish_grounding` around the shared batcher).
+
 ``POST /predict`` follows text-embeddings-inference's sequence-classification route. TEI's ``raw_scores: true``
 returns logits; the engine returns probabilities only, so the service returns **natural-log probabilities** as raw
 scores: ``log softmax(logits) = logits - logsumexp(logits)``, i.e. the logits shifted by one constant per input, so
@@ -46,7 +49,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fastnli.calm.checks import AnswerInput, CheckConfig, CheckPlan, check_cost, finish_checks, plan_checks
-from fastnli.engine.labels import CANONICAL_LABELS
+from fastnli.calm.grounding import finish_grounding, plan_grounding
+from fastnli.engine.labels import CANONICAL_LABELS, require_three_way
 from fastnli.engine.protocol import EngineLike
 from fastnli.scorers.api import score_rows
 from fastnli.scorers.questions import model_question_format
@@ -61,6 +65,7 @@ from fastnli.serve.payloads import (
     check_item_count,
     check_pair_chars,
     check_pair_count,
+    grounding_item,
     ncp_item,
     parse_pairs,
     parse_predict,
@@ -161,7 +166,7 @@ class ServeState:
         e = self.engine
         return {"model_id": self.model_id, "device": getattr(e, "device", None),
                 "precision": getattr(e, "precision", None), "providers": list(getattr(e, "providers", []) or []),
-                "labels": list(CANONICAL_LABELS), "id2label": self.label_names(), "max_input_length": self.max_length}
+                "labels": list(getattr(e, "labels", CANONICAL_LABELS)), "id2label": self.label_names(), "max_input_length": self.max_length}
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------
@@ -316,7 +321,7 @@ def _labelled(names: Sequence[str], scores: np.ndarray) -> list[dict[str, Any]]:
 async def _nli(state: ServeState, request: Request) -> Response:
     pairs = await _parsed(state, request, lambda body: parse_pairs(body, state.config))
     probs = await _run_pairs(state, request, pairs)
-    labels = list(CANONICAL_LABELS)
+    labels = list(getattr(state.engine, "labels", CANONICAL_LABELS))
     results = []
     for row in probs:
         results.append({"label": labels[int(np.argmax(row))],
@@ -337,6 +342,10 @@ async def _ncp(state: ServeState, request: Request) -> Response:
         check_pair_count(sum(it.n_pairs for it in items), "the request needs", cfg)  # before any pair is built
         return batched, items
 
+    try:
+        require_three_way(getattr(state.engine, "labels", CANONICAL_LABELS), "/v1/ncp")
+    except ValueError as exc:
+        raise ApiError(422, str(exc)) from None
     batched, items = await _parsed(state, request, parse)
     plans = [it.plan() for it in items]
     probs = await _run_pairs(state, request, [pair for p in plans for pair in p.pairs])
@@ -371,23 +380,39 @@ async def _calm_check(state: ServeState, request: Request) -> Response:
     max_length = state.max_length
 
     def plan() -> list[CheckPlan]:
-        plans = [plan_checks([answer], cfg, max_length) for answer, cfg in items]
+        plans = [plan_checks([answer], cfg, max_length).expand(state.engine) for answer, cfg in items]
         for p in plans:
             p.pair_plan.warn_truncation()
         return plans
 
     plans = await asyncio.to_thread(plan)
-    probs = await _run_pairs(state, request, [pair for p in plans for pair in p.pairs])
+    check_pair_count(sum(len(p.model_pairs) for p in plans), "the request needs", state.config)
+    probs = await _run_pairs(state, request, [pair for p in plans for pair in p.model_pairs])
 
     def finish() -> list[dict[str, Any]]:
         out, offset = [], 0
         for p in plans:
-            out.append(finish_checks(p, probs[offset:offset + len(p.pairs)])[0].to_dict())
-            offset += len(p.pairs)
+            out.append(finish_checks(p, probs[offset:offset + len(p.model_pairs)])[0].to_dict())
+            offset += len(p.model_pairs)
         return out
 
     results = await asyncio.to_thread(finish)
     return JSONResponse(results if batched else results[0])
+
+
+async def _grounding(state: ServeState, request: Request) -> Response:
+    statements, docs, granularity, threshold, matrix = await _parsed(
+        state, request, lambda body: grounding_item(body, state.config))
+    _ready(state)
+    try:
+        plan = await asyncio.to_thread(plan_grounding, statements, docs, state.engine, granularity, threshold)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(422, str(exc)) from None
+    pairs = plan.pairs
+    check_pair_count(len(pairs), "the request needs", state.config)
+    probs = await _run_pairs(state, request, pairs)
+    result = finish_grounding(plan, probs, tuple(getattr(state.engine, "labels", CANONICAL_LABELS)))
+    return JSONResponse(result.to_dict(matrix=matrix))
 
 
 async def _predict(state: ServeState, request: Request) -> Response:
@@ -585,6 +610,7 @@ def create_app(engine: EngineLike | EngineFactory, config: ServeConfig | None = 
         route("/v1/nli", "nli", _nli, "POST"),
         route("/v1/ncp", "ncp", _ncp, "POST"),
         route("/v1/calm/check", "calm_check", _calm_check, "POST"),
+        route("/v1/grounding", "grounding", _grounding, "POST"),
         route("/predict", "predict", _predict, "POST"),
         route("/health", "health", _health, "GET"),
         route("/ready", "ready", _ready_endpoint, "GET"),

@@ -40,7 +40,14 @@ _CALM_IN = {"type": "object", "required": ["answer"], "properties": {
         "entailment_rule": {"type": "string", "enum": ["threshold", "argmax"]},
         "entailment_threshold": {"type": "number"}, "contradiction_threshold": {"type": "number"},
         "accept_share": {"type": "number"}, "min_citation_recall": {"type": ["number", "null"]},
-        "check_citations": {"type": "boolean"}}}}}
+        "check_citations": {"type": "boolean"},
+        "long_premise": {"type": "string", "enum": ["chunk", "truncate"], "default": "chunk"}}}}}
+_GROUNDING_IN = {"type": "object", "required": ["documents"], "properties": {
+    "statements": {"type": "array", "items": {"type": "string"}, "description": "the statements (or send answer)"},
+    "answer": {"type": "string", "description": "a text split into statements (or send statements)"},
+    "documents": {"type": "array", "items": _DOC, "minItems": 1},
+    "granularity": {"type": "string", "enum": ["window", "sentence"], "default": "window"},
+    "threshold": {"type": "number", "default": 0.5}, "matrix": {"type": "boolean", "default": True}}}
 _PREDICTION = {"type": "array", "items": {"type": "object", "properties": {
     "label": {"type": "string"}, "score": {"type": "number"}}}}
 
@@ -91,6 +98,8 @@ def openapi_document(config: ServeConfig) -> dict[str, Any]:
             "/v1/calm/check": _post("Statement corroboration and ALCE citation support of answers",
                                     {"oneOf": [_CALM_IN, {"type": "array", "items": _CALM_IN}]},
                                     {"description": "fastnli.calm.AnswerCheck as JSON (or an array of them)"}),
+            "/v1/grounding": _post("The (statement x source) NLI matrix, SummaC-ZS and the max-over-sources score",
+                                   _GROUNDING_IN, {"description": "fastnli.calm.GroundingResult as JSON"}),
             "/predict": _post("text-embeddings-inference sequence classification (raw_scores: log-probabilities)", {
                 "type": "object", "required": ["inputs"], "properties": {
                     "inputs": {"oneOf": [_PAIR, {"type": "array", "items": _PAIR}]},

@@ -15,14 +15,17 @@ from typing import Any, Literal
 
 from fastnli.calm.checks import AnswerInput, CheckConfig
 from fastnli.calm.documents import Document, as_document
+from fastnli.calm.grounding import GRANULARITIES, Granularity
+from fastnli.calm.statements import split_statements
 from fastnli.engine.engine import check_utf8
 from fastnli.scorers.api import SCORERS, ScorePlan, count_pairs, plan_scores
 from fastnli.scorers.questions import QUESTION_FORMAT, resolve_question_format
 from fastnli.serve.config import ENV_VARS, ServeConfig
 
-__all__ = ["ApiError", "CALM_FIELDS", "CHECK_FIELDS", "NCP_FIELDS", "NcpItem", "PREDICT_FIELDS", "calm_item", "check_item_count",
-           "check_pair_chars", "check_pair_count", "check_text", "item_where", "ncp_item", "parse_pairs", "parse_predict",
-           "parse_tei_inputs", "refuse_unknown", "require_bool", "require_list", "require_object", "require_str"]
+__all__ = ["ApiError", "CALM_FIELDS", "CHECK_FIELDS", "GROUNDING_FIELDS", "NCP_FIELDS", "NcpItem", "PREDICT_FIELDS",
+           "calm_item", "check_item_count", "check_pair_chars", "check_pair_count", "check_text", "grounding_item",
+           "item_where", "ncp_item", "parse_documents", "parse_pairs", "parse_predict", "parse_tei_inputs",
+           "refuse_unknown", "require_bool", "require_list", "require_object", "require_str"]
 
 #: The :class:`~fastnli.calm.checks.CheckConfig` fields a ``/v1/calm/check`` item may set.
 CHECK_FIELDS = tuple(sorted(f.name for f in fields(CheckConfig)))
@@ -30,6 +33,8 @@ _CHECK_TYPES = typing.get_type_hints(CheckConfig)
 #: The fields of a ``/v1/calm/check`` item, and of a ``/predict`` body (text-embeddings-inference's).
 CALM_FIELDS = ("answer", "documents", "verifier_answer", "config")
 PREDICT_FIELDS = ("inputs", "raw_scores", "truncate", "truncation_direction")
+#: The fields of a ``/v1/grounding`` body.
+GROUNDING_FIELDS = ("statements", "answer", "documents", "granularity", "threshold", "matrix")
 
 
 class ApiError(Exception):
@@ -265,17 +270,9 @@ def ncp_item(item: Any, prefix: str, config: ServeConfig, model_question_format:
     return NcpItem(where, response, samples, scorers, use_best, prompt, fmt, count_pairs([response], [samples], scorers))
 
 
-def calm_item(item: Any, prefix: str, config: ServeConfig) -> tuple[AnswerInput, CheckConfig]:
-    """One ``/v1/calm/check`` item validated: the answer to check and its decision rules."""
-    where = item_where(prefix)
-    obj = require_object(item, where)
-    refuse_unknown(obj, CALM_FIELDS, where)
-    if "answer" not in obj:
-        raise ApiError(422, f"field '{prefix}answer' is missing; send {{\"answer\": str, \"documents\": [...], "
-                            "\"verifier_answer\": str}")
-    answer = check_text(require_str(obj["answer"], f"field '{prefix}answer'"), f"field '{prefix}answer'", config)
-    docs_raw = require_list(obj.get("documents", []), f"field '{prefix}documents'",
-                            "documents (strings or {\"title\", \"text\"} objects)")
+def parse_documents(value: Any, prefix: str, config: ServeConfig) -> list[Document]:
+    """A ``documents`` field validated: strings or ``{"title", "text"}`` objects, each text within the limit."""
+    docs_raw = require_list(value, f"field '{prefix}documents'", "documents (strings or {\"title\", \"text\"} objects)")
     docs: list[Document] = []
     for j, d in enumerate(docs_raw):
         try:
@@ -285,6 +282,19 @@ def calm_item(item: Any, prefix: str, config: ServeConfig) -> tuple[AnswerInput,
         check_text(doc.text, f"{prefix}documents[{j}].text", config)
         check_text(doc.title, f"{prefix}documents[{j}].title", config)
         docs.append(doc)
+    return docs
+
+
+def calm_item(item: Any, prefix: str, config: ServeConfig) -> tuple[AnswerInput, CheckConfig]:
+    """One ``/v1/calm/check`` item validated: the answer to check and its decision rules."""
+    where = item_where(prefix)
+    obj = require_object(item, where)
+    refuse_unknown(obj, CALM_FIELDS, where)
+    if "answer" not in obj:
+        raise ApiError(422, f"field '{prefix}answer' is missing; send {{\"answer\": str, \"documents\": [...], "
+                            "\"verifier_answer\": str}")
+    answer = check_text(require_str(obj["answer"], f"field '{prefix}answer'"), f"field '{prefix}answer'", config)
+    docs = parse_documents(obj.get("documents", []), prefix, config)
     verifier = obj.get("verifier_answer")
     if verifier is not None:
         verifier = check_text(require_str(verifier, f"field '{prefix}verifier_answer'"),
@@ -298,6 +308,40 @@ def calm_item(item: Any, prefix: str, config: ServeConfig) -> tuple[AnswerInput,
     except (TypeError, ValueError) as exc:
         raise ApiError(422, f"field '{prefix}config': {exc}") from None
     return AnswerInput(answer=answer, documents=docs, verifier_answer=verifier), check_config
+
+
+def grounding_item(body: Any, config: ServeConfig) -> tuple[list[str], list[Document], Granularity, float, bool]:
+    """A ``/v1/grounding`` body validated: ``(statements, documents, granularity, threshold, matrix)``.
+
+    ``statements`` is a list of strings, or ``answer`` a text split into statements; ``documents`` strings or
+    ``{"title", "text"}`` objects; ``granularity`` ``"window"`` (default) or ``"sentence"``; ``threshold`` in [0, 1]
+    (default 0.5); ``matrix`` (default true) returns the probability tensor.
+    """
+    obj = require_object(body)
+    refuse_unknown(obj, GROUNDING_FIELDS, "request body")
+    if ("statements" in obj) == ("answer" in obj):
+        raise ApiError(422, "send exactly one of field 'statements' (a list of strings) and field 'answer' (a text "
+                            "split into statements)")
+    if "answer" in obj:
+        answer = check_text(require_str(obj["answer"], "field 'answer'"), "field 'answer'", config)
+        statements = [st.text for st in split_statements(answer)]
+    else:
+        raw = require_list(obj["statements"], "field 'statements'", "strings")
+        statements = [check_text(require_str(x, f"field 'statements[{i}]'"), f"field 'statements[{i}]'", config)
+                      for i, x in enumerate(raw)]
+    docs = parse_documents(obj.get("documents"), "", config)
+    if not docs:
+        raise ApiError(422, "field 'documents' is empty; send at least one document")
+    # every statement meets every document in at least one window: refused before any document is tokenized
+    check_pair_count(len(statements) * len(docs), "the request needs at least", config)
+    granularity = obj.get("granularity", "window")
+    if granularity not in GRANULARITIES:
+        raise ApiError(422, f"field 'granularity' is {granularity!r}; use \"window\" or \"sentence\"")
+    threshold = obj.get("threshold", 0.5)
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+        raise ApiError(422, f"field 'threshold' is {threshold!r}; send a number within [0, 1]")
+    matrix = require_bool(obj.get("matrix", True), "field 'matrix'")
+    return statements, docs, granularity, float(threshold), matrix
 
 
 def parse_predict(body: Any, config: ServeConfig) -> tuple[list[tuple[str, str]], bool, bool, bool]:

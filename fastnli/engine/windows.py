@@ -1,0 +1,257 @@
+"""Long premises: read a premise that does not fit the model in overlapping, sentence-aligned windows.
+
+A (premise, hypothesis) pair fits when ``premise tokens + hypothesis tokens + special tokens <= max_length`` (512
+for DeBERTa), counted by the model's own tokenizer. What happens to a pair that does not fit is ``long_premise``:
+
+- ``"truncate"``: the pair goes to the model whole and the tokenizer cuts it ``longest_first`` (the premise, usually
+  the longer text, loses its end). The pair is reported as truncated (:attr:`PairWindows.truncated`, the call's
+  ``CallStats.truncated_pairs`` and one log warning per call), never silently.
+- ``"chunk"``: the premise is cut into windows of at most ``budget = max_length - special tokens - hypothesis
+  tokens`` tokens. Windows are whole sentences (:func:`fastnli.engine.sentences.sentence_spans`) packed greedily in
+  order; each window after the first starts with the last sentences of the one before, as many as fit in
+  :attr:`WindowPolicy.overlap_tokens` while leaving room for the next new sentence; a single sentence longer than
+  the budget is cut at token boundaries. Every window is checked with a real encode and the plan is redone with a
+  smaller budget if a cut text tokenizes longer than its share. Each (window, hypothesis) is one model pair.
+
+**Aggregation** (:meth:`PairWindows.aggregate`): a chunked pair's probabilities are those of its *best window*, the
+window with the highest P(entailment) (the first one on ties): entailment is the max over windows, and contradiction
+and neutral are the best window's, so the row still sums to 1. The best window's index is reported.
+
+A hypothesis that leaves fewer than :attr:`WindowPolicy.min_window_tokens` tokens for the premise cannot be chunked
+usefully; such a pair is read truncated and reported as truncated in both modes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from fastnli.engine.sentences import sentence_spans
+from fastnli.engine.tokenize import PairTokenizer
+
+__all__ = ["LONG_PREMISE_MODES", "LongPremise", "PairWindows", "WindowPlanner", "WindowPolicy", "check_long_premise"]
+
+LongPremise = Literal["chunk", "truncate"]
+LONG_PREMISE_MODES: tuple[str, ...] = ("chunk", "truncate")
+
+#: Re-plans of one premise with a smaller budget when a window's text tokenizes longer than planned.
+_MAX_REPLANS = 4
+
+
+def check_long_premise(value: object, where: str = "long_premise") -> LongPremise:
+    """Return ``value`` when it is ``"chunk"`` or ``"truncate"``; else raise ValueError naming ``where``."""
+    if value not in LONG_PREMISE_MODES:
+        raise ValueError(f"{where}={value!r} is not supported; use 'chunk' (read a long premise in windows) or "
+                         "'truncate' (cut the pair to the model limit)")
+    return value  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class WindowPolicy:
+    """How long premises are cut.
+
+    Attributes:
+        overlap_tokens: a window after the first repeats the last sentences of the one before, as many as fit in
+            this many tokens (default 64; 0 gives windows that do not overlap).
+        min_window_tokens: the least room for the premise, in tokens, that makes chunking worthwhile (default 32);
+            a pair whose hypothesis leaves less is read truncated, and reported so.
+        max_window_tokens: a cap on the window size, in tokens (default None: as large as the pair limit allows);
+            with a cap, ``"chunk"`` also cuts premises that would fit the model but exceed the cap.
+    """
+
+    overlap_tokens: int = 64
+    min_window_tokens: int = 32
+    max_window_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.overlap_tokens < 0:
+            raise ValueError(f"overlap_tokens={self.overlap_tokens} must be >= 0")
+        if self.min_window_tokens < 1:
+            raise ValueError(f"min_window_tokens={self.min_window_tokens} must be >= 1")
+        if self.max_window_tokens is not None and self.max_window_tokens < self.min_window_tokens:
+            raise ValueError(f"max_window_tokens={self.max_window_tokens} must be >= min_window_tokens="
+                             f"{self.min_window_tokens} (or None)")
+
+
+def _units(starts: np.ndarray, sentences: Sequence[tuple[int, int]], n_tokens: int, budget: int
+           ) -> list[tuple[int, int]]:
+    """Token ranges ``[a, b)`` of the sentences (each token belongs to the sentence its first character is in),
+    sentences longer than ``budget`` cut into pieces of ``budget`` tokens."""
+    cuts = np.searchsorted(starts, [s for s, _ in sentences], side="left").tolist()
+    bounds = sorted({0, n_tokens, *cuts})
+    units: list[tuple[int, int]] = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        units.extend((x, min(x + budget, b)) for x in range(a, b, budget))
+    return units
+
+
+def window_ranges(units: Sequence[tuple[int, int]], budget: int, overlap_tokens: int) -> list[tuple[int, int]]:
+    """Token ranges ``[a, b)`` of the windows over consecutive ``units`` (each at most ``budget`` tokens): greedy
+    packing in order; the next window starts with the last units of the one before that fit in ``overlap_tokens``
+    and still leave room for the first new unit (so every window adds new text)."""
+    windows: list[tuple[int, int]] = []
+    i, n = 0, len(units)
+    while i < n:
+        j, total = i, 0
+        while j < n and total + units[j][1] - units[j][0] <= budget:
+            total += units[j][1] - units[j][0]
+            j += 1
+        windows.append((units[i][0], units[j - 1][1]))
+        if j == n:
+            break
+        k, overlap = j, 0
+        room = min(overlap_tokens, budget - (units[j][1] - units[j][0]))  # the next window must reach unit j
+        while k - 1 > i and overlap + units[k - 1][1] - units[k - 1][0] <= room:
+            k -= 1
+            overlap += units[k][1] - units[k][0]
+        i = k
+    return windows
+
+
+@dataclass
+class PairWindows:
+    """The model pairs of N (premise, hypothesis) pairs, long premises expanded into windows.
+
+    Attributes:
+        pairs: the model pairs: input pair ``i`` owns ``pairs[starts[i]:starts[i + 1]]`` (its windows in order, or
+            the pair itself when it is read whole).
+        starts: int64 ``(N + 1,)`` row offsets into ``pairs``.
+        chunked: bool ``(N,)``: the pair is read in windows.
+        truncated: bool ``(N,)``: the model reads the pair cut ``longest_first`` (``long_premise="truncate"``, or
+            a hypothesis that leaves too little room for windows).
+        tokens: int64 ``(N,)``: the whole pair's tokens, special tokens included.
+        long_premise: the mode that made the plan.
+    """
+
+    pairs: list[tuple[str, str]]
+    starts: np.ndarray
+    chunked: np.ndarray
+    truncated: np.ndarray
+    tokens: np.ndarray
+    long_premise: str
+
+    def __len__(self) -> int:
+        return len(self.chunked)
+
+    @property
+    def num_windows(self) -> np.ndarray:
+        """int64 ``(N,)``: model pairs per input pair (1 for a pair read whole)."""
+        return np.diff(self.starts)
+
+    def windows(self, i: int) -> list[str]:
+        """The premise texts the model reads for input pair ``i`` (one text when it is read whole)."""
+        return [p for p, _ in self.pairs[int(self.starts[i]):int(self.starts[i + 1])]]
+
+    def aggregate(self, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per input pair, the row of its best window (highest P(entailment), the last column; first on ties).
+
+        Args:
+            probs: ``(len(pairs), k)`` probabilities of the model pairs, entailment in the last column.
+
+        Returns:
+            ``(rows (N, k), best_window (N,) int64)``; ``best_window`` is -1 for a pair read whole.
+        """
+        probs = np.asarray(probs)
+        if probs.ndim != 2 or probs.shape[0] != len(self.pairs):
+            raise ValueError(f"probs has shape {probs.shape}; the plan has {len(self.pairs)} model pairs")
+        n = len(self.chunked)
+        best = np.full(n, -1, dtype=np.int64)
+        if len(self.pairs) == n:  # nothing expanded
+            return probs, best
+        owner = np.repeat(np.arange(n), self.num_windows)
+        order = np.lexsort((-probs[:, -1], owner))  # per owner, highest entailment first (stable: first window)
+        top = order[self.starts[:-1]]
+        best[self.chunked] = (top - self.starts[:-1])[self.chunked]
+        return probs[top], best
+
+
+class WindowPlanner:
+    """Plans :class:`PairWindows` with the model's tokenizer (the engine's :attr:`NLIEngine.window_planner`).
+
+    Args:
+        tokenizer: the model's pair tokenizer (its ``max_length`` is the pair limit).
+        policy: overlap and least window size (default :class:`WindowPolicy()`).
+    """
+
+    def __init__(self, tokenizer: PairTokenizer, policy: WindowPolicy | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.policy = policy or WindowPolicy()
+        self.max_length = tokenizer.max_length
+        self.special = tokenizer.pair_special_tokens
+
+    def _counts(self, texts: Sequence[str]) -> dict[str, int]:
+        unique = list(dict.fromkeys(texts))
+        return {t: len(e.ids) for t, e in zip(unique, self.tokenizer.encode_texts(unique))}
+
+    def premise_windows(self, premise: str, budget: int) -> tuple[list[str], bool]:
+        """The windows of ``premise`` for a premise budget of ``budget`` tokens (the whole premise when it fits),
+        and whether every window fits the budget (False only when re-planning could not make a cut text fit).
+
+        Raises:
+            ValueError: when ``budget`` is below 1.
+        """
+        if budget < 1:
+            raise ValueError(f"budget={budget} must be >= 1 token")
+        enc = self.tokenizer.encode_texts([premise])[0]
+        n = len(enc.ids)
+        if n <= budget:
+            return [premise], True
+        offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(n, 2)
+        sentences = sentence_spans(premise)
+        target = budget
+        texts: list[str] = []
+        for _ in range(_MAX_REPLANS + 1):
+            units = _units(offsets[:, 0], sentences, n, target)
+            ranges = window_ranges(units, target, min(self.policy.overlap_tokens, target // 2))
+            texts = [premise[offsets[a, 0]:offsets[b - 1, 1]] for a, b in ranges]
+            excess = max(self._counts(texts).values()) - budget
+            if excess <= 0:
+                return texts, True
+            target = max(1, target - excess)
+        return texts, False  # still over: the engine truncates the window, and the plan reports the pair
+
+    def plan(self, premises: Sequence[str], hypotheses: Sequence[str], long_premise: LongPremise = "chunk"
+             ) -> PairWindows:
+        """Measure every pair with the tokenizer and expand the long ones (``long_premise="chunk"``).
+
+        Args:
+            premises, hypotheses: the pairs, as two equally long lists of strings.
+            long_premise: ``"chunk"`` or ``"truncate"`` (see the module docstring).
+        """
+        long_premise = check_long_premise(long_premise)
+        premise_tokens = self._counts(premises)
+        hypothesis_tokens = self._counts(hypotheses)
+        n = len(premises)
+        tokens = np.fromiter((premise_tokens[p] + hypothesis_tokens[h] + self.special
+                              for p, h in zip(premises, hypotheses)), dtype=np.int64, count=n)
+        over = tokens > self.max_length
+        chunked = np.zeros(n, dtype=bool)
+        if long_premise == "chunk":
+            budgets = self.max_length - self.special - np.fromiter((hypothesis_tokens[h] for h in hypotheses),
+                                                                   dtype=np.int64, count=n)
+            if self.policy.max_window_tokens is not None:
+                budgets = np.minimum(budgets, self.policy.max_window_tokens)
+            need = np.fromiter((premise_tokens[p] for p in premises), dtype=np.int64, count=n) > budgets
+            chunked = need & (budgets >= self.policy.min_window_tokens)
+        if not chunked.any():
+            return PairWindows(list(zip(premises, hypotheses)), np.arange(n + 1, dtype=np.int64), chunked, over,
+                               tokens, long_premise)
+        pairs: list[tuple[str, str]] = []
+        starts = np.zeros(n + 1, dtype=np.int64)
+        truncated = over & ~chunked
+        memo: dict[tuple[str, int], tuple[list[str], bool]] = {}
+        for i, (p, h) in enumerate(zip(premises, hypotheses)):
+            if chunked[i]:
+                key = (p, int(budgets[i]))
+                if key not in memo:
+                    memo[key] = self.premise_windows(p, key[1])
+                texts, fits = memo[key]
+                pairs.extend((w, h) for w in texts)
+                truncated[i] = not fits
+            else:
+                pairs.append((p, h))
+            starts[i + 1] = len(pairs)
+        return PairWindows(pairs, starts, chunked, truncated, tokens, long_premise)
