@@ -9,6 +9,7 @@ from fastnli._version import __version__
 from fastnli.engine import BatchPolicy, CallStats, NLIEngine, SessionConfig
 from fastnli.exporter import export
 from fastnli.scorers import ScoreResult, ScoreRow, score
+from fastnli.scorers.uqlm_patch import patch_uqlm, unpatch_uqlm
 
-__all__ = ["BatchPolicy", "CallStats", "NLIEngine", "ScoreResult", "ScoreRow", "SessionConfig", "export", "score",
-           "__version__"]
+__all__ = ["BatchPolicy", "CallStats", "NLIEngine", "ScoreResult", "ScoreRow", "SessionConfig", "export",
+           "patch_uqlm", "score", "unpatch_uqlm", "__version__"]
