@@ -168,32 +168,32 @@ def test_patch_with_an_engine(fake_uqlm: dict[str, str], tmp_path: Path, art_v1_
         fastnli.patch_uqlm(engine, device="cpu")
 
 
-def test_an_entry_point_that_no_longer_builds_nli_is_refused(fake_uqlm: dict[str, str], tmp_path: Path) -> None:
-    fake_uqlm["uqlm/black_box/consistency.py"] = "from uqlm.nli.nli import NLI\n\ndef build(nli):\n    return nli\n"
+SEAM_CHANGES = {
+    "an entry point's module no longer builds NLI": (
+        "uqlm/black_box/consistency.py", "from uqlm.nli.nli import NLI\n\ndef build(nli):\n    return nli\n",
+        "['uqlm.black_box.consistency'] no longer build uqlm's NLI, so the patch would not reach BlackBoxUQ / "
+        "ConsistencyScorer / SemanticEntropy; pass nli=FastNLI(...) instead"),
+    "NLI built through a module attribute": (
+        "uqlm/white_box/sampled_logprobs.py", "import uqlm.nli.nli as n\n\ndef build():\n    return n.NLI()\n",
+        "uqlm.white_box.sampled_logprobs builds NLI through a module attribute, out of the patch's reach; pass "
+        "nli=FastNLI(...) to uqlm's scorers instead"),
+    "NLI takes other arguments": (
+        "uqlm/nli/nli.py", "class NLI:\n    def __init__(self, model_name='m', device=None):\n        pass\n",
+        "uqlm.nli.nli.NLI takes no ['nli_model_name', 'max_length'], which the patch reads; pass nli=FastNLI(...) to "
+        "uqlm's scorers instead"),
+}
+
+
+@pytest.mark.parametrize("change", list(SEAM_CHANGES))
+def test_a_seam_that_differs_is_refused(change: str, fake_uqlm: dict[str, str], tmp_path: Path) -> None:
+    path, text, message = SEAM_CHANGES[change]
+    fake_uqlm[path] = text
     _write(fake_uqlm, tmp_path)
-    with pytest.raises(RuntimeError, match=re.escape(
-            f"{WHERE}: ['uqlm.black_box.consistency'] no longer build uqlm's NLI, so the patch would not reach "
-            "BlackBoxUQ / ConsistencyScorer / SemanticEntropy; pass nli=FastNLI(...) instead")):
+    with pytest.raises(RuntimeError, match=re.escape(f"{WHERE}: {message}")):
         fastnli.patch_uqlm()
     assert not uqlm_patch.uqlm_patched()
-
-
-def test_building_nli_through_an_attribute_is_refused(fake_uqlm: dict[str, str], tmp_path: Path) -> None:
-    fake_uqlm["uqlm/white_box/sampled_logprobs.py"] = "import uqlm.nli.nli as n\n\ndef build():\n    return n.NLI()\n"
-    _write(fake_uqlm, tmp_path)
-    with pytest.raises(RuntimeError, match=re.escape(
-            f"{WHERE}: uqlm.white_box.sampled_logprobs builds NLI through a module attribute, out of the patch's "
-            "reach; pass nli=FastNLI(...) to uqlm's scorers instead")):
-        fastnli.patch_uqlm()
-
-
-def test_a_changed_nli_signature_is_refused(fake_uqlm: dict[str, str], tmp_path: Path) -> None:
-    fake_uqlm["uqlm/nli/nli.py"] = "class NLI:\n    def __init__(self, model_name='m', device=None):\n        pass\n"
-    _write(fake_uqlm, tmp_path)
-    with pytest.raises(RuntimeError, match=re.escape(
-            f"{WHERE}: uqlm.nli.nli.NLI takes no ['nli_model_name', 'max_length'], which the patch reads; pass "
-            "nli=FastNLI(...) to uqlm's scorers instead")):
-        fastnli.patch_uqlm()
+    assert importlib.import_module("uqlm.scorers.shortform.black_box").NLI is importlib.import_module(
+        "uqlm.nli.nli").NLI, "a refused patch leaves uqlm as it was"
 
 
 def test_a_name_replaced_by_someone_else_is_left_alone(fake_uqlm: dict[str, str], tmp_path: Path) -> None:
