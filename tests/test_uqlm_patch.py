@@ -307,3 +307,16 @@ def test_uqlm_entry_point_patched_matches_uqlm(request: pytest.FixtureRequest, e
     request.node.user_properties += [(f"max_abs_delta[{k}]", v) for k, v in deltas.items()]
     logging.getLogger("fastnli").info("%s: max |Δ| vs real uqlm %s", entry_point, deltas)
     assert max(deltas.values()) <= TOL, deltas
+
+
+def test_run_uqlm_refuses_entry_points_without_their_inputs(ckpt_v1: Path, art_v1_fp32: Path) -> None:
+    from bench.uqlm_peer import run_uqlm
+
+    nowhere = Path("/nonexistent/python")
+    with pytest.raises(ValueError, match=re.escape(
+            "api='generate_and_score' needs prompts and llm_answers, one list of answers per prompt")):
+        run_uqlm(ckpt_v1, ["a"], [["b"]], api="generate_and_score", prompts=["q"], python=nowhere)
+    with pytest.raises(ValueError, match=re.escape("api='semantic_entropy' runs on fastnli through nli='patch'")):
+        run_uqlm(art_v1_fp32, ["a"], [["b"]], nli="fastnli", api="semantic_entropy", python=nowhere)
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        run_uqlm(art_v1_fp32, ["a"], [["b"]], nli="patch", python=nowhere)
