@@ -2,7 +2,8 @@
 
 Builds the seeded deberta-large-mnli-shaped checkpoint (or ``--size base/tiny``) and its export into the cache on
 first use, measures this machine's GEMM peaks, runs the short and long NCP workloads on every backend, sweeps the
-batch budget and the sequence length, and writes ``bench.json``, ``bench.md`` and three PNGs to ``--out``.
+batch budget and the sequence length, and writes ``bench.json``, ``bench.md`` and four PNGs to ``--out``. It never
+installs anything unless asked: the uqlm backend needs uqlm's own venv, built only with ``--install-uqlm``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,29 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip", default="", help="backends to skip: uqlm, torch, fastnli-fp32, fastnli-int8")
     p.add_argument("--quick", action="store_true", help="tiny checkpoint, small workloads, no sweeps' long tail")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--install-uqlm", action="store_true",
+                   help="build uqlm's venv ($FASTNLI_UQLM_VENV, else .venv-uqlm in the checkout) when it is missing: "
+                        "pip installs torch and uqlm there (about a minute, needs the package registry). Without "
+                        "it the bench installs nothing and stops when the uqlm backend has no venv")
+
+
+def uqlm_python(backends: Sequence[str], install: bool) -> Path | None:
+    """The uqlm venv's python for the uqlm backend: an existing venv, or (``install``) one built now; ``None``
+    when uqlm is skipped. Without ``install`` a missing venv raises ``SystemExit`` naming the flag."""
+    from bench.uqlm_peer import default_uqlm_venv, ensure_uqlm_env, ready_uqlm_python
+
+    if "uqlm" not in backends:
+        return None
+    python = ready_uqlm_python()
+    if python is not None:
+        return python
+    if install:
+        return ensure_uqlm_env()
+    raise SystemExit(
+        f"python -m bench: the uqlm backend runs uqlm in its own venv, and {default_uqlm_venv()} holds no complete "
+        "one. The bench installs nothing by itself: pass --install-uqlm to build it there (pip installs torch and "
+        "uqlm, about a minute, needs the package registry), set FASTNLI_UQLM_VENV to an existing one, or leave "
+        "uqlm out with --skip uqlm")
 
 
 def _checkpoint(args: argparse.Namespace) -> Path:
@@ -93,13 +117,14 @@ def _run(args: argparse.Namespace) -> int:
     from fastnli.engine import resolve_artifact
 
     t_start = time.perf_counter()
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    backends = [b for b in ("uqlm", "torch", "fastnli-fp32", "fastnli-int8") if b not in skip]
+    uqlm_py = uqlm_python(backends, args.install_uqlm)  # before any work: a missing venv stops the run here
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ck = _checkpoint(args)
     artifact = Path(args.artifact) if args.artifact else resolve_artifact(ck)
     config = json.loads((ck / "config.json").read_text())
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    backends = [b for b in ("uqlm", "torch", "fastnli-fp32", "fastnli-int8") if b not in skip]
     console = _console(stderr=True)
     peaks = gemm_peaks()
     logger.info("GEMM peaks (ORT, this machine): %s", {k: round(v) for k, v in peaks.items()})
@@ -117,7 +142,8 @@ def _run(args: argparse.Namespace) -> int:
                 status.update(msg)
                 logger.info("bench: %s", msg)
 
-            rows += run_workload(makers[name](), ck, artifact, config, peaks, backends, status=stage)
+            rows += run_workload(makers[name](), ck, artifact, config, peaks, backends, status=stage,
+                                 uqlm_python=uqlm_py)
         notes = ["Times: wall-clock seconds of the scoring call after a warm-up; model loading excluded for all.",
                  "uqlm: BlackBoxUQ(scorers=['noncontradiction']) in its own venv (uqlm 0.6.7, PyTorch fp32, batch 32).",
                  "Seeded random weights: fidelity figures (|Δ NCP|, argmax agreement) of INT8/FP16 are weak "
@@ -131,10 +157,9 @@ def _run(args: argparse.Namespace) -> int:
             lengths = [16, 32, 64, 128, 256, 512]
             plots.plot_latency({p: latency_sweep(artifact, p, lengths) for p in ("int8", "fp32")},
                                out / "latency_vs_length.png")
-            labeled = [r for r in rows if r.roofline_share is not None]
-            plots.plot_roofline([f"{r.workload}/{r.backend}" for r in labeled],
-                                [r.roofline_share for r in labeled],  # type: ignore[misc]
-                                [r.effective_gflops for r in labeled], out / "roofline.png")
+            stored = json.loads(report.to_json())
+            plots.plot_speedup(stored, out / "speedup.png")
+            plots.plot_roofline(stored, out / "roofline.png")
     (out / "bench.json").write_text(report.to_json())
     (out / "bench.md").write_text(report.to_markdown())
     table = Table(title=f"python -m bench — {ck.name} ({time.perf_counter() - t_start:.0f} s)")

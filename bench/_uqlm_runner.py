@@ -12,34 +12,53 @@ Request keys: ``checkpoint_dir`` (str), ``responses`` (list[str]), ``sampled_res
 ``scorers`` (list[str], default ``["noncontradiction"]``), ``use_best`` (bool, default false), ``batch_size``
 (int, default 32), ``max_length`` (int, characters, default 2000 as in uqlm), ``torch_threads`` (int or null,
 default null = torch's default), ``warmup`` (bool, default true: one uncounted, untimed ``predict_batch`` call on
-two pairs before ``score()``), ``nli`` (``"uqlm"``, default: uqlm's ``NLI`` on ``checkpoint_dir``; ``"fastnli"``:
-``fastnli.scorers.uqlm_adapter.FastNLI(checkpoint_dir, device="cpu", precision=fastnli_precision)``, with
-``checkpoint_dir`` a fastnli export artifact), ``api`` (``"blackbox"``, default: ``BlackBoxUQ(...).score``, whose
-``NLI`` is replaced by the FastNLI object with ``"nli": "fastnli"``; ``"consistency"``:
-``ConsistencyScorer(nli=<NLI object>, scorers=..., use_best=...).evaluate``), ``fastnli_precision`` (str, default
-``"fp32"``).
+two pairs before scoring), ``return_probabilities`` (bool, default false), ``fastnli_precision`` (str, default ``"fp32"``), ``prompts`` (list[str] or null), and:
+
+- ``nli``: which NLI object uqlm's scorers get. ``"uqlm"`` (default): uqlm's own ``NLI`` on ``checkpoint_dir``.
+  ``"fastnli"``: ``FastNLI(checkpoint_dir, device="cpu", precision=fastnli_precision)`` with ``checkpoint_dir`` a
+  fastnli export artifact, handed over as ``nli=`` (ConsistencyScorer) or through
+  ``fastnli.patch_uqlm(model=checkpoint_dir)`` (BlackBoxUQ). ``"patch"``: ``fastnli.patch_uqlm(precision=...)``
+  and nothing else: the uqlm code is the same as with ``"uqlm"``, on the same ``checkpoint_dir``.
+- ``api``: the uqlm entry point. ``"blackbox"`` (default): ``BlackBoxUQ(scorers, nli_model_name, device="cpu",
+  use_best, nli_batch_size, max_length).score(responses, sampled_responses)``. ``"consistency"``:
+  ``ConsistencyScorer(nli_model_name, max_length, use_best, scorers, device="cpu", nli_batch_size)`` (with ``nli=``
+  for ``"fastnli"``)
+  ``.evaluate(...)``. ``"semantic_entropy"``: ``SemanticEntropy(nli_model_name, device="cpu", use_best, max_length,
+  nli_batch_size).score(prompts, responses, sampled_responses)``; scores ``discrete_confidence_scores``,
+  ``discrete_entropy_values``, ``num_semantic_sets``. ``"generate_and_score"``: ``BlackBoxUQ(llm=<scripted
+  langchain chat model>, ...).generate_and_score(prompts, num_responses)``, the chat model answering the k-th call
+  for a prompt with ``llm_answers[i][k]`` (the original response first, then the samples; ``llm_answers``:
+  list[list[str]], one list per prompt).
 
 Response keys: ``scores`` ({scorer: [float or null]}, NaN/inf written as null), ``seconds`` (wall seconds of the
-``score()`` call alone), ``load_seconds`` (wall seconds to build ``BlackBoxUQ``, i.e. load tokenizer and model),
+scoring call alone), ``load_seconds`` (wall seconds to build the uqlm object, i.e. load tokenizer and model),
 ``warmup_seconds`` (wall seconds of the warm-up call, 0 without one),
-``num_nli_pairs`` (premise/hypothesis pairs passed to ``NLI.predict_batch`` during ``score()``), ``nli_calls``
-(number of ``predict_batch`` calls), ``nli_seconds`` (wall seconds spent inside ``predict_batch``),
+``num_nli_pairs`` (premise/hypothesis pairs passed to the NLI object's ``predict_batch`` during scoring),
+``nli_calls`` (number of ``predict_batch`` calls), ``nli_seconds`` (wall seconds spent inside ``predict_batch``),
 ``responses`` / ``sampled_responses`` (as returned by uqlm: swapped for the best response when ``use_best`` applies),
 ``uqlm_version``, ``torch_version``, ``transformers_version``, ``numpy_version``, ``torch_threads``, ``nli``,
-``api``, ``fastnli_kernels`` / ``fastnli_path`` (``fastnli.kernels.IMPLEMENTATION`` and ``fastnli.__file__`` with
-``"nli": "fastnli"``, else empty).
+``api``, ``nli_class`` (module and name of the NLI object's class), ``uqlm_nli_built`` (how many of uqlm's own
+``NLI`` objects were built), ``fastnli_kernels`` / ``fastnli_path`` (``fastnli.kernels.IMPLEMENTATION`` and
+``fastnli.__file__`` with a fastnli ``nli``, else empty), ``llm_calls`` (the prompts of the scripted chat model's
+calls, in call order; ``generate_and_score`` only), ``nli_probabilities`` (with ``"return_probabilities": true``:
+the NLI object's cache after scoring, ``[premise, hypothesis, [contradiction, neutral, entailment]]`` per entry).
 
 Progress bars that uqlm draws even with ``show_progress_bars=False`` go to stderr, never to the response file.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import json
 import math
 import sys
 import time
 from typing import Any
+
+#: uqlm entry points the runner drives (``api``).
+APIS = ("blackbox", "consistency", "semantic_entropy", "generate_and_score")
 
 
 def _finite_or_none(x: Any) -> float | None:
@@ -48,6 +67,34 @@ def _finite_or_none(x: Any) -> float | None:
         return None
     f = float(x)
     return f if math.isfinite(f) else None
+
+
+def _scripted_chat_model(answers: dict[str, list[str]]) -> Any:
+    """A langchain chat model that answers the k-th call for a prompt with ``answers[prompt][k]`` (no network)."""
+    from langchain_core.language_models.chat_models import BaseChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
+    from pydantic import PrivateAttr
+
+    class ScriptedChatModel(BaseChatModel):
+        answers: dict[str, list[str]]
+        temperature: float = 1.0
+        _calls: list[str] = PrivateAttr(default_factory=list)
+
+        @property
+        def _llm_type(self) -> str:
+            return "scripted"
+
+        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+            prompt = str(messages[-1].content)
+            k = self._calls.count(prompt)
+            self._calls.append(prompt)
+            return ChatResult(generations=[ChatGeneration(message=AIMessage(content=self.answers[prompt][k]))])
+
+        async def _agenerate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> Any:
+            return self._generate(messages, stop, run_manager, **kwargs)
+
+    return ScriptedChatModel(answers=answers)
 
 
 def main(argv: list[str]) -> int:
@@ -68,35 +115,52 @@ def main(argv: list[str]) -> int:
         torch.set_num_threads(int(threads))
 
     import uqlm
-    from uqlm import BlackBoxUQ
+    from uqlm import BlackBoxUQ, SemanticEntropy
     from uqlm.black_box import ConsistencyScorer
     from uqlm.nli.nli import NLI
 
     backend = str(req.get("nli", "uqlm"))
     api = str(req.get("api", "blackbox"))
-    if backend not in ("uqlm", "fastnli") or api not in ("blackbox", "consistency"):
+    if backend not in ("uqlm", "fastnli", "patch") or api not in APIS:
         sys.stderr.write(f"unknown nli={backend!r} or api={api!r}\n")
         return 2
+    checkpoint = str(req["checkpoint_dir"])
     max_length = int(req.get("max_length", 2000))
     batch_size = int(req.get("batch_size", 32))
+    precision = str(req.get("fastnli_precision", "fp32"))
+    use_best = bool(req.get("use_best", False))
+    prompts = req.get("prompts")
+    scorers = list(req.get("scorers") or ["noncontradiction"])
+    responses = list(req["responses"])
+    sampled_responses = [list(s) for s in req["sampled_responses"]]
+
+    # Count uqlm's own NLI objects: none may be built on fastnli.
+    built = {"uqlm_nli": 0}
+    original_init = NLI.__init__
+
+    @functools.wraps(original_init)  # keeps NLI's signature, which fastnli.patch_uqlm() checks
+    def counting_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        built["uqlm_nli"] += 1
+        original_init(self, *args, **kwargs)
+
+    NLI.__init__ = counting_init  # type: ignore[method-assign]
+
     fastnli_kernels = fastnli_path = ""
     nli_class: Any = NLI
-    if backend == "fastnli":
+    fast_nli = None
+    if backend != "uqlm":
         import fastnli
         import fastnli.kernels
         from fastnli.scorers.uqlm_adapter import FastNLI
 
         nli_class = FastNLI
         fastnli_kernels, fastnli_path = fastnli.kernels.IMPLEMENTATION, fastnli.__file__
-
-    def make_nli(**_ignored: Any) -> Any:
-        """The NLI object: uqlm's own, or fastnli's drop-in (the one-line switch)."""
-        if backend == "fastnli":
-            precision = str(req.get("fastnli_precision", "fp32"))
-            return FastNLI(str(req["checkpoint_dir"]), device="cpu", precision=precision, max_length=max_length)
-        return NLI(
-            nli_model_name=str(req["checkpoint_dir"]), device="cpu", max_length=max_length, batch_size=batch_size
-        )
+        if backend == "patch":  # the one line; everything below is the same uqlm code as with nli="uqlm"
+            fastnli.patch_uqlm(precision=precision)
+        elif api == "consistency":
+            fast_nli = FastNLI(checkpoint, device="cpu", precision=precision, max_length=max_length)
+        else:
+            fastnli.patch_uqlm(model=checkpoint, device="cpu", precision=precision)
 
     # Count what the NLI object really sends to the model (after uqlm's own caches and shortcuts).
     counter = {"pairs": 0, "calls": 0, "seconds": 0.0}
@@ -113,31 +177,23 @@ def main(argv: list[str]) -> int:
 
     nli_class.predict_batch = counting_predict_batch
 
-    scorers = list(req.get("scorers") or ["noncontradiction"])
-    responses = list(req["responses"])
-    sampled_responses = [list(s) for s in req["sampled_responses"]]
-
-    use_best = bool(req.get("use_best", False))
+    llm = None
+    if api == "generate_and_score":
+        llm = _scripted_chat_model({str(p): list(a) for p, a in zip(prompts, req["llm_answers"])})
     with contextlib.redirect_stdout(sys.stderr):
         t0 = time.perf_counter()
         if api == "consistency":
-            consistency = ConsistencyScorer(nli=make_nli(), scorers=scorers, use_best=use_best)
-            nli = consistency.nli
+            uq: Any = ConsistencyScorer(nli_model_name=checkpoint, max_length=max_length, use_best=use_best,
+                                        scorers=scorers, device="cpu", nli=fast_nli, nli_batch_size=batch_size)
+            nli = uq.nli
+        elif api == "semantic_entropy":
+            uq = SemanticEntropy(nli_model_name=checkpoint, device="cpu", use_best=use_best, max_length=max_length,
+                                 nli_batch_size=batch_size)
+            nli = uq.nli
         else:
-            if backend == "fastnli":
-                # BlackBoxUQ builds its one shared NLI object from this module-level name.
-                import uqlm.scorers.shortform.black_box as black_box_module
-
-                black_box_module.NLI = make_nli  # type: ignore[attr-defined]
-            bbuq = BlackBoxUQ(
-                scorers=scorers,
-                nli_model_name=str(req["checkpoint_dir"]),
-                device="cpu",
-                use_best=use_best,
-                nli_batch_size=batch_size,
-                max_length=max_length,
-            )
-            nli = next(o.nli for o in bbuq.scorer_objects.values() if hasattr(o, "nli"))
+            uq = BlackBoxUQ(llm=llm, scorers=scorers, nli_model_name=checkpoint, device="cpu", use_best=use_best,
+                            nli_batch_size=batch_size, max_length=max_length)
+            nli = next(o.nli for o in uq.scorer_objects.values() if hasattr(o, "nli"))
         load_seconds = time.perf_counter() - t0
 
         # One uncounted forward pass outside the timed call: torch's first call pays one-off initialisation
@@ -153,9 +209,16 @@ def main(argv: list[str]) -> int:
         counter.update(pairs=0, calls=0, seconds=0.0)
         t1 = time.perf_counter()
         if api == "consistency":
-            data = consistency.evaluate(responses=responses, sampled_responses=sampled_responses)
+            data = uq.evaluate(responses=responses, sampled_responses=sampled_responses)
+        elif api == "semantic_entropy":
+            data = uq.score(prompts=prompts, responses=responses, sampled_responses=sampled_responses,
+                            show_progress_bars=False).data
+            scorers = ["discrete_confidence_scores", "discrete_entropy_values", "num_semantic_sets"]
+        elif api == "generate_and_score":
+            data = asyncio.run(uq.generate_and_score(prompts=prompts, num_responses=len(req["llm_answers"][0]) - 1,
+                                                     show_progress_bars=False)).data
         else:
-            data = bbuq.score(responses=responses, sampled_responses=sampled_responses, show_progress_bars=False).data
+            data = uq.score(responses=responses, sampled_responses=sampled_responses, show_progress_bars=False).data
         seconds = time.perf_counter() - t1
 
     out = {
@@ -175,9 +238,14 @@ def main(argv: list[str]) -> int:
         "torch_threads": torch.get_num_threads(),
         "nli": backend,
         "api": api,
+        "nli_class": f"{type(nli).__module__}.{type(nli).__qualname__}",
+        "uqlm_nli_built": built["uqlm_nli"],
         "fastnli_kernels": fastnli_kernels,
         "fastnli_path": fastnli_path,
+        "llm_calls": list(llm._calls) if llm is not None else [],
     }
+    if req.get("return_probabilities"):
+        out["nli_probabilities"] = [[a, b, [float(x) for x in np.ravel(p)]] for (a, b), p in nli.probabilities.items()]
     with open(response_path, "w", encoding="utf-8") as f:
         json.dump(out, f, allow_nan=False)
     return 0

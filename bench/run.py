@@ -45,6 +45,7 @@ class BenchRow:
     argmax_agreement: float | None  # per pair, vs PyTorch fp32
     effective_gflops: float  # model FLOPs of the real tokens / seconds
     roofline_share: float | None  # effective_gflops / measured GEMM peak of the backend's precision
+    peak_precision: str | None = None  # the peak roofline_share is a share of ("fp32", "int8"); None: none measured
 
 
 @dataclass
@@ -108,7 +109,8 @@ def _flops(config: dict[str, Any], lengths: Sequence[int]) -> float:
 
 def _row(workload: Workload, backend: str, seconds: float, pairs: int, real: int, padded: int, unique: int,
          ncp: Sequence[float] | None, ref_ncp: Sequence[float] | None, uqlm_s: float | None,
-         agreement: float | None, flops: float, peak: float | None) -> BenchRow:
+         agreement: float | None, flops: float, peaks: dict[str, float], peak_precision: str | None) -> BenchRow:
+    peak = peaks.get(peak_precision) if peak_precision else None
     d = np.abs(np.asarray(ncp) - np.asarray(ref_ncp)) if ncp is not None and ref_ncp is not None else None
     gf = flops / seconds / 1e9
     return BenchRow(
@@ -119,6 +121,7 @@ def _row(workload: Workload, backend: str, seconds: float, pairs: int, real: int
         ncp_mean_abs_delta=float(d.mean()) if d is not None else None,
         ncp_max_abs_delta=float(d.max()) if d is not None else None,
         argmax_agreement=agreement, effective_gflops=gf, roofline_share=gf / peak if peak else None,
+        peak_precision=peak_precision if peak else None,
     )
 
 
@@ -130,8 +133,12 @@ def run_workload(
     peaks: dict[str, float],
     backends: Sequence[str] = ("uqlm", "torch", "fastnli-fp32", "fastnli-int8"),
     status: Callable[[str], None] = lambda _m: None,
+    uqlm_python: Path | None = None,
 ) -> list[BenchRow]:
-    """Run every backend on one workload; returns one row per backend."""
+    """Run every backend on one workload; returns one row per backend.
+
+    ``uqlm_python`` is the uqlm venv's python for the ``"uqlm"`` backend (required with it: the bench never builds
+    the venv by itself, see ``python -m bench --install-uqlm``)."""
     rows: list[BenchRow] = []
     upairs = uqlm_pairs(w)
     uqlm_s: float | None = None
@@ -140,8 +147,12 @@ def run_workload(
     if "uqlm" in backends:
         from bench.uqlm_peer import run_uqlm
 
+        if uqlm_python is None:
+            raise ValueError("the uqlm backend needs uqlm_python (python -m bench finds or, with --install-uqlm, "
+                             "builds the venv)")
         status(f"{w.name}: uqlm BlackBoxUQ(noncontradiction), its own venv")
-        res = run_uqlm(checkpoint, w.responses, w.sampled_responses, scorers=("noncontradiction",))
+        res = run_uqlm(checkpoint, w.responses, w.sampled_responses, scorers=("noncontradiction",),
+                       python=uqlm_python)
         uqlm_s = res.seconds
         uqlm_ncp = [float(x) for x in res.scores["noncontradiction"]]
     if "torch" in backends:
@@ -155,11 +166,11 @@ def run_workload(
                                                   max_length=512)["input_ids"]]
         rows.append(_row(w, "pytorch-fp32-b32", secs, len(upairs), peer.real_tokens, peer.padded_tokens,
                          len(upairs), ncp_from_pairs(w, upairs, torch_probs), uqlm_ncp, uqlm_s, 1.0,
-                         _flops(config, lengths), peaks.get("fp32")))
+                         _flops(config, lengths), peaks, "fp32"))
         if uqlm_s is not None:
             rows.insert(0, _row(w, "uqlm", uqlm_s, res.num_nli_pairs, peer.real_tokens, peer.padded_tokens,
-                                len(upairs), uqlm_ncp, uqlm_ncp, uqlm_s, None, _flops(config, lengths),
-                                peaks.get("fp32")))
+                                len(upairs), uqlm_ncp, uqlm_ncp, uqlm_s, None, _flops(config, lengths), peaks,
+                                "fp32"))
     for backend in backends:
         if not backend.startswith("fastnli-"):
             continue
@@ -179,7 +190,7 @@ def run_workload(
         rows.append(_row(w, f"fastnli-{precision}-{engine.device}", result.seconds, st.pairs_in, st.real_tokens,
                          st.padded_tokens, st.unique_pairs, result.column("noncontradiction"),  # type: ignore[arg-type]
                          uqlm_ncp, uqlm_s, agreement, _flops(config, lengths),
-                         peaks.get("int8" if precision == "int8" else "fp32")))
+                         peaks, {"int8": "int8", "fp32": "fp32"}.get(precision)))  # no GPU peak is measured
     return rows
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "APIS",
     "CONSISTENCY_SCORERS",
     "FASTNLI_BUILD_REQUIREMENTS",
     "FASTNLI_RUNTIME_REQUIREMENTS",
@@ -50,6 +51,7 @@ __all__ = [
     "UqlmResult",
     "default_uqlm_venv",
     "ensure_uqlm_env",
+    "ready_uqlm_python",
     "run_uqlm",
 ]
 
@@ -74,6 +76,9 @@ SUPPORTED_SCORERS: tuple[str, ...] = (
     "semantic_negentropy",
     "semantic_sets_confidence",
 )
+
+#: The uqlm entry points :func:`run_uqlm` drives (its ``api``).
+APIS: tuple[str, ...] = ("blackbox", "consistency", "semantic_entropy", "generate_and_score")
 
 #: The scorers of uqlm's ``ConsistencyScorer`` (``run_uqlm(..., api="consistency")``).
 CONSISTENCY_SCORERS: tuple[str, ...] = ("noncontradiction", "entailment")
@@ -146,11 +151,17 @@ class UqlmResult:
         transformers_version: ``transformers.__version__`` in the venv.
         numpy_version: ``numpy.__version__`` in the venv.
         torch_threads: ``torch.get_num_threads()`` in the runner.
-        nli: ``"uqlm"`` (uqlm's own ``NLI`` on PyTorch) or ``"fastnli"`` (``FastNLI`` on fastnli's engine).
-        api: ``"blackbox"`` (``BlackBoxUQ.score``) or ``"consistency"`` (``ConsistencyScorer.evaluate``).
+        nli: ``"uqlm"`` (uqlm's own ``NLI`` on PyTorch), ``"fastnli"`` (``FastNLI`` on fastnli's engine) or
+            ``"patch"`` (unchanged uqlm code after ``fastnli.patch_uqlm()``).
+        api: the uqlm entry point (see :func:`run_uqlm`).
         fastnli_kernels: with ``nli="fastnli"``: ``fastnli.kernels.IMPLEMENTATION`` in the runner (``"compiled"``
             or ``"reference"``); else ``""``.
         fastnli_path: with ``nli="fastnli"``: the ``fastnli/__init__.py`` the runner imported; else ``""``.
+        nli_class: module and name of the class of the NLI object uqlm's scorers held.
+        uqlm_nli_built: how many of uqlm's own (PyTorch) ``NLI`` objects were built in the run.
+        llm_calls: with ``api="generate_and_score"``: the prompt of each call to the scripted chat model, in order.
+        nli_probabilities: with ``return_probabilities=True``: the NLI object's cache after scoring, (premise,
+            hypothesis) -> [contradiction, neutral, entailment].
     """
 
     scores: dict[str, list[float]]
@@ -171,6 +182,10 @@ class UqlmResult:
     api: str = "blackbox"
     fastnli_kernels: str = ""
     fastnli_path: str = ""
+    nli_class: str = ""
+    uqlm_nli_built: int = 0
+    llm_calls: list[str] = field(default_factory=list)
+    nli_probabilities: dict[tuple[str, str], list[float]] = field(default_factory=dict)
 
 
 def default_uqlm_venv() -> Path:
@@ -186,6 +201,13 @@ def default_uqlm_venv() -> Path:
     if (root / "pyproject.toml").is_file() and (root / "fastnli" / "__init__.py").is_file():
         return root / ".venv-uqlm"
     return Path.cwd() / ".venv-uqlm"
+
+
+def ready_uqlm_python(path: str | Path | None = None) -> Path | None:
+    """The python of a complete uqlm venv at ``path`` (default :func:`default_uqlm_venv`), or ``None``; installs
+    nothing (:func:`ensure_uqlm_env` builds one)."""
+    venv = (Path(path).expanduser() if path is not None else default_uqlm_venv()).absolute()
+    return _venv_python(venv) if _read_marker(venv) is not None else None
 
 
 def _venv_python(venv: Path) -> Path:
@@ -604,6 +626,10 @@ def run_uqlm(
     nli: str = "uqlm",
     api: str = "blackbox",
     fastnli_precision: str = "fp32",
+    prompts: Sequence[str] | None = None,
+    llm_answers: Sequence[Sequence[str]] | None = None,
+    env: dict[str, str] | None = None,
+    return_probabilities: bool = False,
 ) -> UqlmResult:
     """Score ``responses`` against ``sampled_responses`` with uqlm's ``BlackBoxUQ`` on CPU, in uqlm's own venv.
 
@@ -617,7 +643,17 @@ def run_uqlm(
     ``use_best`` the scorer clusters by itself). With ``nli="fastnli"`` the NLI object is fastnli's
     ``FastNLI(checkpoint_dir, device="cpu", precision=fastnli_precision, max_length=max_length)``, the one-line
     switch, so the venv must hold fastnli (:func:`ensure_uqlm_env` with ``with_fastnli=True``, which is what
-    happens when ``python`` is not given); for ``BlackBoxUQ`` it replaces the ``NLI`` that uqlm would build.
+    happens when ``python`` is not given); for ``BlackBoxUQ`` it goes in through ``fastnli.patch_uqlm(model=...)``.
+    With ``nli="patch"`` the uqlm code is the same as with ``nli="uqlm"`` (``checkpoint_dir`` as
+    ``nli_model_name``) after ``fastnli.patch_uqlm(precision=fastnli_precision)``: fastnli resolves the checkpoint
+    to its export in fastnli's cache (the uqlm venv cannot export: pass ``env={"FASTNLI_CACHE": ...}`` with the
+    export already there).
+
+    ``api="semantic_entropy"`` runs ``SemanticEntropy(...).score(prompts, responses, sampled_responses)`` (scores
+    ``discrete_confidence_scores``, ``discrete_entropy_values``, ``num_semantic_sets``); ``api="generate_and_score"``
+    runs ``BlackBoxUQ(llm=<scripted chat model>, ...).generate_and_score(prompts, num_responses)`` with the chat
+    model answering each prompt's k-th call with ``llm_answers[i][k]`` (``responses`` and ``sampled_responses`` are
+    then only used for the warm-up call).
 
     Args:
         checkpoint_dir: with ``nli="uqlm"``: local Hugging Face sequence-classification checkpoint (needs
@@ -637,10 +673,19 @@ def run_uqlm(
         warmup: run one uncounted, untimed ``NLI.predict_batch`` call (two pairs) before ``score()`` so that
             ``seconds`` excludes torch's one-off first-call initialisation. Default True. Scores are unaffected
             (``predict_batch`` does not fill uqlm's NLI cache).
-        nli: ``"uqlm"`` (default: uqlm's own ``NLI``) or ``"fastnli"`` (fastnli's ``FastNLI``).
-        api: ``"blackbox"`` (default: ``BlackBoxUQ.score``) or ``"consistency"`` (``ConsistencyScorer.evaluate``).
-        fastnli_precision: the engine precision with ``nli="fastnli"`` (``"fp32"``, ``"int8"``, ...). Default
-            ``"fp32"``.
+        nli: ``"uqlm"`` (default: uqlm's own ``NLI``), ``"fastnli"`` (fastnli's ``FastNLI`` on an artifact) or
+            ``"patch"`` (``fastnli.patch_uqlm()`` before the same uqlm code).
+        api: ``"blackbox"`` (default: ``BlackBoxUQ.score``), ``"consistency"`` (``ConsistencyScorer.evaluate``),
+            ``"semantic_entropy"`` (``SemanticEntropy.score``) or ``"generate_and_score"``
+            (``BlackBoxUQ.generate_and_score``).
+        fastnli_precision: the engine precision with ``nli="fastnli"`` or ``"patch"`` (``"fp32"``, ``"int8"``,
+            ...). Default ``"fp32"``.
+        prompts: the prompts (``semantic_entropy``: optional, read by uqlm's ``prompts_in_nli``;
+            ``generate_and_score``: required, one per ``llm_answers`` list).
+        llm_answers: ``generate_and_score`` only: per prompt, the original response then the samples.
+        env: extra environment variables of the runner (``PYTHONPATH`` to import fastnli from a source tree,
+            ``FASTNLI_CACHE``); they override the defaults below.
+        return_probabilities: return the NLI object's probability cache (``UqlmResult.nli_probabilities``).
 
     Returns:
         The scores, timings (``seconds`` excludes model load) and the NLI pair count.
@@ -652,14 +697,19 @@ def run_uqlm(
             different lengths.
         RuntimeError: the runner failed or timed out (message carries its stderr tail), or the venv build failed.
     """
-    if nli not in ("uqlm", "fastnli"):
-        raise ValueError(f"nli={nli!r}: choose 'uqlm' (uqlm's own NLI) or 'fastnli' (fastnli's FastNLI)")
-    if api not in ("blackbox", "consistency"):
-        raise ValueError(f"api={api!r}: choose 'blackbox' (BlackBoxUQ) or 'consistency' (ConsistencyScorer)")
+    if nli not in ("uqlm", "fastnli", "patch"):
+        raise ValueError(f"nli={nli!r}: choose 'uqlm' (uqlm's own NLI), 'fastnli' (fastnli's FastNLI) or 'patch' "
+                         "(fastnli.patch_uqlm())")
+    if api not in APIS:
+        raise ValueError(f"api={api!r}: choose one of {list(APIS)}")
+    if nli == "fastnli" and api in ("semantic_entropy", "generate_and_score"):
+        raise ValueError(f"api={api!r} runs on fastnli through nli='patch'")
+    if api == "generate_and_score" and (not prompts or llm_answers is None or len(prompts) != len(llm_answers)):
+        raise ValueError("api='generate_and_score' needs prompts and llm_answers, one list of answers per prompt")
     checkpoint = Path(checkpoint_dir).expanduser()
     if not checkpoint.is_dir():
         raise FileNotFoundError(f"NLI checkpoint directory does not exist: {checkpoint}")
-    if nli == "uqlm" and not (checkpoint / "config.json").is_file():
+    if nli in ("uqlm", "patch") and not (checkpoint / "config.json").is_file():
         raise FileNotFoundError(f"NLI checkpoint directory has no config.json: {checkpoint}")
     if nli == "fastnli" and not (checkpoint / "manifest.json").is_file():
         raise FileNotFoundError(
@@ -669,7 +719,7 @@ def run_uqlm(
     scorer_list = list(scorers)
     if not scorer_list:
         raise ValueError("at least one scorer is required")
-    supported = SUPPORTED_SCORERS if api == "blackbox" else CONSISTENCY_SCORERS
+    supported = CONSISTENCY_SCORERS if api == "consistency" else SUPPORTED_SCORERS
     unknown = [s for s in scorer_list if s not in supported]
     if unknown:
         raise ValueError(f"unsupported uqlm scorer(s) {unknown} for api={api!r}; supported: {list(supported)}")
@@ -680,7 +730,7 @@ def run_uqlm(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
 
-    py = Path(python) if python is not None else ensure_uqlm_env(with_fastnli=nli == "fastnli")
+    py = Path(python) if python is not None else ensure_uqlm_env(with_fastnli=nli != "uqlm")
     request = {
         "checkpoint_dir": str(checkpoint.resolve()),
         "responses": [str(r) for r in responses],
@@ -694,6 +744,9 @@ def run_uqlm(
         "nli": nli,
         "api": api,
         "fastnli_precision": fastnli_precision,
+        "prompts": list(prompts) if prompts is not None else None,
+        "llm_answers": [list(a) for a in llm_answers] if llm_answers is not None else None,
+        "return_probabilities": bool(return_probabilities),
     }
     env = _clean_env(
         {
@@ -702,6 +755,7 @@ def run_uqlm(
             "HF_DATASETS_OFFLINE": "1",
             "CUDA_VISIBLE_DEVICES": "",
             "TOKENIZERS_PARALLELISM": "false",
+            **(env or {}),
         }
     )
     with tempfile.TemporaryDirectory(prefix="fastnli-uqlm-") as tmp:
@@ -755,4 +809,8 @@ def run_uqlm(
         api=str(out.get("api", api)),
         fastnli_kernels=str(out.get("fastnli_kernels", "")),
         fastnli_path=str(out.get("fastnli_path", "")),
+        nli_class=str(out.get("nli_class", "")),
+        uqlm_nli_built=int(out.get("uqlm_nli_built", 0)),
+        llm_calls=[str(p) for p in out.get("llm_calls", [])],
+        nli_probabilities={(str(a), str(b)): [float(x) for x in p] for a, b, p in out.get("nli_probabilities", [])},
     )

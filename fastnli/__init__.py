@@ -10,6 +10,7 @@ from fastnli.calm.grounding import GroundingResult, grounding
 from fastnli.engine import BatchPolicy, CallStats, NLIEngine, SessionConfig, default_engine
 from fastnli.exporter import export
 from fastnli.scorers import ScoreResult, ScoreRow, score
+from fastnli.scorers.uqlm_patch import patch_uqlm, unpatch_uqlm
 
 __all__ = ["BatchPolicy", "CallStats", "GroundingResult", "NLIEngine", "ScoreResult", "ScoreRow", "SessionConfig",
-           "default_engine", "export", "grounding", "score", "__version__"]
+           "default_engine", "export", "grounding", "patch_uqlm", "score", "unpatch_uqlm", "__version__"]

@@ -49,7 +49,7 @@ def test_bench_quick_writes_table_json_and_plots(ckpt_v1: Path, art_v1: Path, tm
 
     out = tmp_path / "bench"
     assert main(["--quick", "--checkpoint", str(ckpt_v1), "--artifact", str(art_v1), "--out",
-                 str(out)]) == 0
+                 str(out), "--install-uqlm"]) == 0
     report = json.loads((out / "bench.json").read_text())
     backends = {(r["workload"], r["backend"]) for r in report["rows"]}
     assert ("short", "uqlm") in backends and ("short", "fastnli-int8-cpu") in backends
@@ -59,7 +59,7 @@ def test_bench_quick_writes_table_json_and_plots(ckpt_v1: Path, art_v1: Path, tm
             assert r["ncp_max_abs_delta"] <= 1e-4  # fp32 parity with uqlm on the same checkpoint
         assert r["seconds"] > 0 and r["pairs"] > 0
     assert report["peaks_gflops"]["fp32"] > 0 and report["peaks_gflops"]["int8"] > 0
-    for png in ("throughput_vs_budget.png", "latency_vs_length.png", "roofline.png"):
+    for png in ("throughput_vs_budget.png", "latency_vs_length.png", "roofline.png", "speedup.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| workload | backend |" in (out / "bench.md").read_text()
 

@@ -124,6 +124,12 @@ def cache_root() -> Path:
     return Path(env_str("FASTNLI_CACHE") or Path.home() / ".cache" / "fastnli").expanduser()
 
 
+def cached_artifact_dir(checkpoint_dir: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """Where :func:`resolve_artifact` keeps the export of a local HF checkpoint directory:
+    ``<cache>/artifacts/<hash of its config+weights+tokenizer>`` (``cache_dir`` overrides :func:`cache_root`)."""
+    return Path(cache_dir or cache_root()) / "artifacts" / checkpoint_hash(checkpoint_dir)[:24]
+
+
 def resolve_artifact(name_or_dir: str | Path, cache_dir: str | Path | None = None) -> Path:
     """Return an export artifact directory for ``name_or_dir``, exporting a HF checkpoint once if needed.
 
@@ -145,7 +151,7 @@ def resolve_artifact(name_or_dir: str | Path, cache_dir: str | Path | None = Non
         raise FileNotFoundError(f"{path} holds neither manifest.json (a fastnli artifact) nor config.json (a HF "
                                 "checkpoint)")
     ckpt, _ = resolve_checkpoint(name_or_dir)
-    target = Path(cache_dir or cache_root()) / "artifacts" / checkpoint_hash(ckpt)[:24]
+    target = cached_artifact_dir(ckpt, cache_dir)
     try:
         manifest = read_manifest(target)
         for entry in manifest.precisions.values():
