@@ -20,11 +20,19 @@ import numpy as np
 from fastnli._env import env_str
 from fastnli.engine.batches import CPU_POLICY, CUDA_POLICY, BatchPolicy, RunStats, score_unique
 from fastnli.engine.labels import CANONICAL_LABELS
-from fastnli.engine.manifest import PRECISIONS, Manifest, check_local_path, checkpoint_hash, read_manifest
+from fastnli.engine.manifest import (
+    PRECISIONS,
+    Manifest,
+    check_local_path,
+    checkpoint_hash,
+    precisions_for,
+    read_manifest,
+)
 from fastnli.engine.result_cache import ResultCache
 from fastnli.engine.session import (
     Device,
     SessionConfig,
+    auto_device,
     cpu_streams,
     create_session,
     cuda_listed,
@@ -82,11 +90,17 @@ def cache_root() -> Path:
     return Path(env_str("FASTNLI_CACHE") or Path.home() / ".cache" / "fastnli").expanduser()
 
 
-def resolve_artifact(name_or_dir: str | Path, cache_dir: str | Path | None = None) -> Path:
+def resolve_artifact(name_or_dir: str | Path, cache_dir: str | Path | None = None, device: DeviceArg = "auto",
+                     precision: PrecisionArg = "auto", progress: bool = False) -> Path:
     """Return an export artifact directory for ``name_or_dir``, exporting a HF checkpoint once if needed.
 
     Accepts an artifact directory (holds ``manifest.json``), a local HF checkpoint directory, or a HF hub id. A
-    checkpoint is exported into ``<cache>/artifacts/<hash of its config+weights+tokenizer>`` and reused afterwards.
+    checkpoint is exported into ``<cache>/artifacts/<hash of its config+weights+tokenizer>`` and reused afterwards,
+    with the graphs an engine on ``device`` running ``precision`` needs
+    (:func:`~fastnli.engine.manifest.precisions_for`: CPU fp32 + int8, CUDA fp32 + fp16; ``device="auto"`` is this
+    machine's, :func:`~fastnli.engine.session.auto_device`). A cached artifact that lacks one of them is exported
+    again with its own precisions and the missing ones. ``progress`` shows the export's stages as a rich progress bar
+    on stderr (default False: the stages are logged at INFO).
 
     Raises:
         FileNotFoundError: when ``name_or_dir`` reads as a local path (``./dir``, ``/abs/dir``, ``~/dir``) that does
@@ -104,12 +118,20 @@ def resolve_artifact(name_or_dir: str | Path, cache_dir: str | Path | None = Non
                                 "checkpoint)")
     ckpt, _ = resolve_checkpoint(name_or_dir)
     target = Path(cache_dir or cache_root()) / "artifacts" / checkpoint_hash(ckpt)[:24]
+    needed = precisions_for(auto_device() if device == "auto" else device, precision)
     try:
-        read_manifest(target)
-        logger.info("using cached export %s of %s", target, name_or_dir)
+        cached = tuple(read_manifest(target).precisions)
     except (FileNotFoundError, ValueError):
-        logger.info("exporting %s once into the cache %s", name_or_dir, target)
-        export(ckpt, target)
+        logger.info("exporting %s once into the cache %s (%s)", name_or_dir, target, "+".join(needed))
+        export(ckpt, target, precisions=needed, progress=progress)
+        return target
+    missing = [p for p in needed if p not in cached]
+    if missing:
+        logger.info("the cached export %s of %s lacks %s: exporting again with it", target, name_or_dir,
+                    "+".join(missing))
+        export(ckpt, target, precisions=(*cached, *missing), progress=progress)
+    else:
+        logger.info("using cached export %s of %s", target, name_or_dir)
     return target
 
 
@@ -256,6 +278,7 @@ class NLIEngine:
         session_config: SessionConfig | None = None,
         result_cache: ResultCache | None = None,
         cache_dir: str | Path | None = None,
+        progress: bool = False,
     ) -> NLIEngine:
         """Load an engine.
 
@@ -274,12 +297,15 @@ class NLIEngine:
                 carry the artifact hash, the precision in use and the INT8 kernel mode, so engines never see each
                 other's results unless they come from the same graph run the same way.
             cache_dir: overrides ``$FASTNLI_CACHE`` for exports of HF checkpoints.
+            progress: when a checkpoint is exported, show its stages as a rich progress bar on stderr (default
+                False: they are logged at INFO). The export holds the graphs ``device`` and ``precision`` need
+                (:func:`resolve_artifact`).
         """
         if name_or_dir is None:
             from fastnli.default_model import default_model_dir
 
             name_or_dir = default_model_dir()
-        artifact = resolve_artifact(name_or_dir, cache_dir)
+        artifact = resolve_artifact(name_or_dir, cache_dir, device, precision, progress)
         return cls(artifact, device=device, precision=precision, batch_policy=batch_policy,
                    session_config=session_config, result_cache=result_cache)
 
