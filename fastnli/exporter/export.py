@@ -38,6 +38,7 @@ from fastnli.engine.manifest import (
 )
 from fastnli.engine.session import auto_device
 from fastnli.engine.tokenize import PairTokenizer
+from fastnli.exporter.attention import relative_shift_export
 from fastnli.exporter.precision import needs_calibration, to_fp16, to_int8
 from fastnli.exporter.probe import probe_pairs
 from fastnli.exporter.stages import Stages
@@ -207,6 +208,7 @@ def export(
     calibration_pairs: Sequence[tuple[str, str]] | None = None,
     device: str = "auto",
     progress: bool = False,
+    relative_shift: bool = True,
 ) -> Manifest:
     """Export ``model`` (HF hub id or local checkpoint directory) to an ONNX artifact in ``out_dir``.
 
@@ -227,6 +229,8 @@ def export(
         device: the device the artifact is for when ``precisions`` is None: ``"auto"`` (default: CUDA when this
             machine's ONNX Runtime lists it and a GPU is present, else CPU), ``"cpu"`` or ``"cuda"``.
         progress: show the stages as a rich progress bar on stderr (default False).
+        relative_shift: export DeBERTa v1's position terms as a relative shift instead of gathers where that is
+            exact (default True; :mod:`fastnli.exporter.attention`); recorded in the fp32 recipe.
 
     Returns:
         The written manifest.
@@ -252,8 +256,9 @@ def export(
                 src_hash = checkpoint_hash(ckpt)
             with stages.stage("fp32 graph (optimum)"):
                 export_dir = tmp / "_optimum"
-                main_export(str(ckpt), output=export_dir, task="text-classification", opset=opset, device="cpu",
-                            do_validation=False, no_post_process=True)
+                with relative_shift_export(config if relative_shift else {}) as shifted:
+                    main_export(str(ckpt), output=export_dir, task="text-classification", opset=opset,
+                                device="cpu", do_validation=False, no_post_process=True)
                 os.replace(export_dir / "model.onnx", tmp / GRAPH_FILES["fp32"])
                 shutil.rmtree(export_dir)
             with stages.stage("tokenizer"):
@@ -273,6 +278,8 @@ def export(
                 del fp32_model
             recipes: dict[str, dict[str, Any]] = {"fp32": {"exporter": "optimum-onnx main_export",
                                                            "task": "text-classification"}}
+            if shifted:
+                recipes["fp32"]["attention"] = "relative shift (fastnli.exporter.attention)"
             if "fp16" in wanted:
                 with stages.stage("fp16 graph"):
                     recipes["fp16"] = to_fp16(tmp / GRAPH_FILES["fp32"], tmp / GRAPH_FILES["fp16"])
