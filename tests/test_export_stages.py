@@ -68,14 +68,15 @@ def test_default_export_on_cpu_writes_fp32_and_int8_with_timed_stages(
     assert [s["stage"] for s in m.export_stages] == planned
     assert planned == ["checkpoint hash", "fp32 graph (optimum)", "tokenizer", "int8 graph", "PyTorch fp32 reference",
                        "validate fp32", "validate int8", "hashes + manifest"]
-    assert all(s["seconds"] >= 0 for s in m.export_stages)
+    assert all(s["seconds"] >= 0 and s["cpu_seconds"] >= 0 for s in m.export_stages)
     assert read_manifest(tmp_path / "art").export_stages == m.export_stages  # written to manifest.json
     out, err = capsys.readouterr()
     assert out == "" and err == ""  # no print, no progress bar unless asked
     n = len(planned)
     lines = [r.getMessage() for r in caplog.records if r.name == "fastnli"]
     for k, name in enumerate(planned, 1):
-        assert any(line.startswith(f"export of {ckpt_v2.name}: stage {k}/{n} {name} done in ") for line in lines)
+        assert any(re.fullmatch(rf"export of {re.escape(ckpt_v2.name)}: stage {k}/{n} {re.escape(name)} done in "
+                                r"\d+\.\d s \(\d+\.\d s of CPU\)", line) for line in lines)
 
 
 def test_asked_for_precisions_are_exactly_what_is_written(ckpt_v1: Path, tmp_path: Path) -> None:

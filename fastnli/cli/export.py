@@ -29,15 +29,17 @@ def print_manifest(manifest: Any) -> None:
 
 
 def print_stages(manifest: Any) -> None:
-    """The export's stages with their seconds and share of the whole, as a table."""
+    """The export's stages with their wall-clock and CPU seconds and their shares of the whole, as a table."""
     from rich.table import Table
 
     total = sum(s["seconds"] for s in manifest.export_stages) or 1.0
-    table = Table(title=f"export stages ({total:.1f} s)")
-    for col in ("stage", "seconds", "share"):
-        table.add_column(col)
+    cpu = sum(s.get("cpu_seconds", 0.0) for s in manifest.export_stages) or 1.0
+    table = Table(title=f"export stages ({total:.1f} s, {cpu:.1f} s of CPU)")
+    for col in ("stage", "seconds", "share", "CPU seconds", "CPU share"):
+        table.add_column(col, justify="right")
     for s in manifest.export_stages:
-        table.add_row(s["stage"], f"{s['seconds']:.1f}", f"{s['seconds'] / total:.0%}")
+        c = s.get("cpu_seconds", 0.0)
+        table.add_row(s["stage"], f"{s['seconds']:.1f}", f"{s['seconds'] / total:.0%}", f"{c:.1f}", f"{c / cpu:.0%}")
     console().print(table)
 
 

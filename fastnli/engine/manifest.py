@@ -86,8 +86,8 @@ class Manifest:
     artifact_hash: str = ""
     #: how the model reads an answer with its question (fastnli.scorers.questions), when it was trained so
     question_format: str | None = None
-    #: the export's stages in order, ``{"stage": name, "seconds": wall-clock seconds}`` (empty for artifacts written
-    #: before stages were timed)
+    #: the export's stages in order, ``{"stage": name, "seconds": wall-clock s, "cpu_seconds": the export process's
+    #: CPU s}`` (empty for artifacts written before stages were timed)
     export_stages: list[dict[str, Any]] = field(default_factory=list)
     format_version: int = FORMAT_VERSION
     created: str = ""

@@ -43,6 +43,7 @@ class Stages:
         self.title = title
         self.planned = list(planned)
         self.seconds: dict[str, float] = {}
+        self.cpu_seconds: dict[str, float] = {}
         self._progress: Any = None
         self._task: Any = None
         if progress:
@@ -83,18 +84,22 @@ class Stages:
         logger.info("%s: stage %d/%d %s ...", self.title, k, n, name)
         if self._progress is not None:
             self._progress.update(self._task, description=f"{self.title}: {name}")
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             yield
         except BaseException:
             logger.info("%s: stage %d/%d %s failed after %.1f s", self.title, k, n, name, time.perf_counter() - t0)
             raise
         self.seconds[name] = time.perf_counter() - t0
-        logger.info("%s: stage %d/%d %s done in %.1f s", self.title, k, n, name, self.seconds[name])
+        self.cpu_seconds[name] = time.process_time() - c0
+        logger.info("%s: stage %d/%d %s done in %.1f s (%.1f s of CPU)", self.title, k, n, name, self.seconds[name],
+                    self.cpu_seconds[name])
         if self._progress is not None:
             self._progress.advance(self._task)
 
     def record(self) -> list[dict[str, Any]]:
-        """The stages that ran, in order: ``[{"stage": name, "seconds": s}, ...]`` (seconds rounded to ms)."""
-        return [{"stage": name, "seconds": round(self.seconds[name], 3)} for name in self.planned
-                if name in self.seconds]
+        """The stages that ran, in order: ``[{"stage": name, "seconds": wall-clock s, "cpu_seconds": s}, ...]``
+        (rounded to ms). CPU seconds are this process's, all threads: on a machine shared with other work they
+        measure the stage's own cost where wall-clock seconds also count the waiting."""
+        return [{"stage": name, "seconds": round(self.seconds[name], 3), "cpu_seconds": round(self.cpu_seconds[name], 3)}
+                for name in self.planned if name in self.seconds]
