@@ -67,20 +67,21 @@ def test_patch_gives_hf_outputs_and_is_undone(ckpt_v1: Path) -> None:
 
 
 def test_v1_export_has_no_gathers_and_keeps_fp32_parity(ckpt_v1: Path, art_v1: Path, tmp_path: Path) -> None:
-    m = read_manifest(art_v1)
+    m = export(ckpt_v1, tmp_path / "shift", precisions=("fp32", "int8"), relative_shift=True)
     assert m.precisions["fp32"].recipe["attention"] == "relative shift (fastnli.exporter.attention)"
-    assert "GatherElements" not in _op_types(art_v1 / "model_fp32.onnx")
+    assert "GatherElements" not in _op_types(tmp_path / "shift" / "model_fp32.onnx")
     assert m.precisions["fp32"].validation.max_abs_dprob <= 1e-4  # type: ignore[union-attr]
-    plain = export(ckpt_v1, tmp_path / "plain", precisions=("fp32",), validate=False, relative_shift=False)
-    assert "attention" not in plain.precisions["fp32"].recipe
-    assert "GatherElements" in _op_types(tmp_path / "plain" / "model_fp32.onnx")
+    assert "attention" not in read_manifest(art_v1).precisions["fp32"].recipe  # opt-in: the default keeps HF's
+    assert "GatherElements" in _op_types(art_v1 / "model_fp32.onnx")
     pairs = [("A man plays guitar on a stage in front of a crowd.", "A man makes music."), ("Paris", "Lyon"),
              ("x " * 200, "y")]
-    a = NLIEngine(art_v1, device="cpu", precision="fp32").predict(pairs)
-    b = NLIEngine(tmp_path / "plain", device="cpu", precision="fp32").predict(pairs)
-    assert np.abs(a - b).max() <= 1e-5
+    for precision, tol in (("fp32", 1e-5), ("int8", 1e-5)):  # INT8 quantizes the same weights the same way
+        a = NLIEngine(tmp_path / "shift", device="cpu", precision=precision).predict(pairs)  # type: ignore[arg-type]
+        b = NLIEngine(art_v1, device="cpu", precision=precision).predict(pairs)  # type: ignore[arg-type]
+        assert np.abs(a - b).max() <= tol, precision
 
 
-def test_v2_export_is_left_as_it_was(art_v2: Path) -> None:
-    assert "attention" not in read_manifest(art_v2).precisions["fp32"].recipe
-    assert "GatherElements" in _op_types(art_v2 / "model_fp32.onnx")
+def test_v2_export_is_left_as_it_was(ckpt_v2: Path, tmp_path: Path) -> None:
+    m = export(ckpt_v2, tmp_path / "v2", precisions=("fp32",), validate=False, relative_shift=True)
+    assert "attention" not in m.precisions["fp32"].recipe
+    assert "GatherElements" in _op_types(tmp_path / "v2" / "model_fp32.onnx")

@@ -10,7 +10,9 @@ becomes ``Reshape → Slice → Reshape → Slice`` (the c2p term reverses its `
 ``(H, 2L, d)`` tensor) — the same values, no index tensor.
 
 :func:`relative_shift_export` patches the attention of ``transformers``' DeBERTa (v1) for the duration of an ONNX
-export, only for checkpoints where the shift is exact (:func:`applies`); PyTorch references run unpatched.
+export, only for checkpoints where the shift is exact (:func:`applies`); PyTorch references run unpatched. Opt-in
+(``export(relative_shift=True)``): it removes the gathers' share of the profile on long pairs, but ORT's ``Slice``
+takes much of it back and the INT8 graph was not measured faster end to end (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -208,7 +208,7 @@ def export(
     calibration_pairs: Sequence[tuple[str, str]] | None = None,
     device: str = "auto",
     progress: bool = False,
-    relative_shift: bool = True,
+    relative_shift: bool = False,
 ) -> Manifest:
     """Export ``model`` (HF hub id or local checkpoint directory) to an ONNX artifact in ``out_dir``.
 
@@ -230,7 +230,8 @@ def export(
             machine's ONNX Runtime lists it and a GPU is present, else CPU), ``"cpu"`` or ``"cuda"``.
         progress: show the stages as a rich progress bar on stderr (default False).
         relative_shift: export DeBERTa v1's position terms as a relative shift instead of gathers where that is
-            exact (default True; :mod:`fastnli.exporter.attention`); recorded in the fp32 recipe.
+            exact (:mod:`fastnli.exporter.attention`; recorded in the fp32 recipe). Default False: the same
+            function, but not measured faster on INT8 (docs/benchmarks.md).
 
     Returns:
         The written manifest.
