@@ -142,3 +142,16 @@ def test_the_cache_exports_what_the_device_needs_and_adds_what_is_missing(
 
     monkeypatch.setattr(export_module, "export", no_export)
     assert resolve_artifact(ckpt_v1, cache, device="cpu", precision="fp16") == target
+
+
+def test_cli_export_for_a_gpu_writes_its_graphs_and_prints_the_stages(ckpt_v1: Path, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from fastnli.cli import main
+
+    out = tmp_path / "art"
+    assert main(["export", str(ckpt_v1), "--out", str(out), "--device", "cuda", "--no-validate"]) == 0
+    assert set(read_manifest(out).precisions) == {"fp32", "fp16"}
+    shown = capsys.readouterr().out
+    assert "export stages" in shown and "fp16 graph" in shown and "int8 graph" not in shown
+    with pytest.raises(SystemExit):
+        main(["export", str(ckpt_v1), "--out", str(out), "--device", "tpu"])
