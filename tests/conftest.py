@@ -89,13 +89,13 @@ def art_bert(ckpt_bert: Path, workdir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def art_v1(ckpt_v1: Path, workdir: Path) -> Path:
-    export(ckpt_v1, workdir / "art_v1")
+    export(ckpt_v1, workdir / "art_v1", precisions=("fp32", "fp16", "int8"))
     return workdir / "art_v1"
 
 
 @pytest.fixture(scope="session")
 def art_v2(ckpt_v2: Path, workdir: Path) -> Path:
-    export(ckpt_v2, workdir / "art_v2")
+    export(ckpt_v2, workdir / "art_v2", precisions=("fp32", "fp16", "int8"))
     return workdir / "art_v2"
 
 

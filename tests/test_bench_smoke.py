@@ -73,3 +73,45 @@ def test_serve_abuse_bodies_stay_within_the_goal_sizes() -> None:
     assert sizes.pop("3 MB body") > 2_000_000
     assert max(sizes.values()) <= 2_000_000 and min(sizes.values()) > 0  # the default max_body_bytes
     assert [pct([3.0, 1.0, 2.0], q) for q in (0.0, 0.5, 0.99)] == [1.0, 2.0, 3.0]
+
+
+def test_gpu_check_dry_run_says_no_gpu_and_measures_every_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import gpu_check
+    from fastnli.engine.session import gpu_present
+
+    if not gpu_present():  # the detection itself, on a machine without a GPU (CI)
+        assert gpu_check.gpu_status() == (False, "no NVIDIA GPU device is present on this machine")
+    monkeypatch.setattr(gpu_check, "gpu_status", lambda: (False, "no NVIDIA GPU device is present on this machine"))
+    assert gpu_check.main(["--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache")]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert shown.startswith("NO GPU PRESENT (no NVIDIA GPU device is present on this machine): this is a DRY RUN on "
+                            "the CPU with the tiny checkpoint")
+    assert "say nothing about a GPU" in shown
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert (report["gpu"], report["dry_run"], report["device"]) == (False, True, "cpu")
+    assert report["reason"] == "dry run on the CPU: no NVIDIA GPU device is present on this machine"
+    assert [s["stage"] for s in report["export_stages"]] == [  # the graphs a GPU runs: fp32 + FP16, no INT8
+        "checkpoint hash", "fp32 graph (optimum)", "tokenizer", "fp16 graph", "hashes + manifest"]
+    rows = {(r["workload"], r["backend"]): r for r in report["rows"]}
+    for w in ("short", "long"):
+        for b in ("pytorch-fp32-b32", "pytorch-fp16-b32", "fastnli-fp32", "fastnli-fp16", "fastnli-fp16-iobinding"):
+            r = rows[(w, b)]
+            assert r["pairs_per_s"] > 0 and r["argmax_agreement"] == 1.0, (w, b)
+        assert rows[(w, "fastnli-fp32")]["max_abs_dprob"] <= 1e-4  # fp32 parity with PyTorch
+        assert rows[(w, "fastnli-fp16")]["max_abs_dprob"] <= 2e-2
+        # IO binding runs the same graph on the same batches: the engine's FP16 probabilities, bit for bit
+        assert rows[(w, "fastnli-fp16-iobinding")]["max_abs_dprob"] == rows[(w, "fastnli-fp16")]["max_abs_dprob"]
+        assert rows[(w, "fastnli-fp16-cudagraph")]["note"] == "skipped: needs the CUDA provider"
+        assert rows[(w, "pytorch-fp16-b32")]["vs_torch_fp16"] == 1.0
+    assert set(report["latency_512_ms"]) == {"fastnli-fp16", "fastnli-fp16-iobinding", "pytorch-fp16"}
+    assert report["machine"]["latency_pair_tokens"] == 512
+    assert gpu_check.main(["--require-gpu", "--out", str(tmp_path / "none")]) == 2
+    assert "--require-gpu was given, so nothing ran" in capsys.readouterr().out
+    assert not (tmp_path / "none").exists()
+
+
+def test_gpu_check_buckets() -> None:
+    from bench.gpu_check import BUCKETS, BoundRunner
+
+    assert [BoundRunner.bucket(n) for n in (1, 32, 33, 200, 512, 600)] == [32, 32, 64, 256, 512, BUCKETS[-1]]

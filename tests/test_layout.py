@@ -98,3 +98,13 @@ def test_module_level_imports_have_no_cycle() -> None:
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+def test_the_library_never_prints() -> None:
+    """Output goes through ``logging`` (and opt-in rich progress); the CLI writes through its rich console."""
+    printing = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+                printing.append(f"{module}:{node.lineno}")
+    assert not printing, f"builtin print() in the library: {printing}"

@@ -50,7 +50,8 @@ def engine_from_args(args: argparse.Namespace) -> Any:
     """The engine the options of :func:`add_engine_arguments` ask for."""
     from fastnli.engine import NLIEngine
 
-    engine = NLIEngine.from_pretrained(args.model, device=args.device, precision=args.precision)
+    engine = NLIEngine.from_pretrained(args.model, device=args.device, precision=args.precision,
+                                       progress=console(stderr=True).is_terminal)
     changes = {k: v for k, v in (("max_batch_tokens", args.max_batch_tokens),
                                  ("max_batch_size", args.max_batch_size)) if v is not None}
     if changes:

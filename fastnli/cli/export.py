@@ -28,13 +28,30 @@ def print_manifest(manifest: Any) -> None:
     console().print(table)
 
 
+def print_stages(manifest: Any) -> None:
+    """The export's stages with their wall-clock and CPU seconds and their shares of the whole, as a table."""
+    from rich.table import Table
+
+    total = sum(s["seconds"] for s in manifest.export_stages) or 1.0
+    cpu = sum(s.get("cpu_seconds", 0.0) for s in manifest.export_stages) or 1.0
+    table = Table(title=f"export stages ({total:.1f} s, {cpu:.1f} s of CPU)")
+    for col in ("stage", "seconds", "share", "CPU seconds", "CPU share"):
+        table.add_column(col, justify="right")
+    for s in manifest.export_stages:
+        c = s.get("cpu_seconds", 0.0)
+        table.add_row(s["stage"], f"{s['seconds']:.1f}", f"{s['seconds'] / total:.0%}", f"{c:.1f}", f"{c / cpu:.0%}")
+    console().print(table)
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from fastnli.exporter import export
     from fastnli.exporter.precision import INT8_RECIPES
 
-    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    precisions = None if args.precisions == "auto" else [p.strip() for p in args.precisions.split(",") if p.strip()]
+    progress = not args.no_progress and console(stderr=True).is_terminal
     manifest = export(args.model, args.out, precisions=precisions, opset=args.opset, validate=not args.no_validate,
-                      int8_recipe=INT8_RECIPES[args.int8_recipe])
+                      int8_recipe=INT8_RECIPES[args.int8_recipe], device=args.device, progress=progress)
+    print_stages(manifest)
     print_manifest(manifest)
     console().print(f"artifact: {escape(str(Path(args.out).resolve()))}")
     return 0
@@ -53,7 +70,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p = sub.add_parser("export", help="export a HF NLI checkpoint to an ONNX artifact (fp32/fp16/int8)")
     p.add_argument("model", help="HF hub id or local checkpoint directory")
     p.add_argument("--out", required=True, help="artifact directory (written atomically)")
-    p.add_argument("--precisions", default="fp32,fp16,int8", help="comma-separated (default: fp32,fp16,int8)")
+    p.add_argument("--precisions", default="auto",
+                   help="comma-separated, e.g. fp32,fp16,int8 (default auto: those --device runs; fp32 is always "
+                   "exported)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="the device the artifact is for when --precisions is auto: cpu (fp32 + int8), cuda (fp32 + "
+                   "fp16) or auto (default: cuda when onnxruntime-gpu and a GPU are here, else cpu)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar of the export stages (default: shown when stderr is a terminal)")
     p.add_argument("--opset", type=int, default=None, help="ONNX opset (default: optimum's choice)")
     p.add_argument("--no-validate", action="store_true", help="skip validation against PyTorch on the probe set")
     p.add_argument("--int8-recipe", default="dynamic",

@@ -26,6 +26,7 @@ from fastnli.engine.manifest import (
     Manifest,
     check_local_path,
     checkpoint_hash,
+    precisions_for,
     read_manifest,
     verify_graph,
 )
@@ -33,6 +34,7 @@ from fastnli.engine.result_cache import ResultCache
 from fastnli.engine.session import (
     Device,
     SessionConfig,
+    auto_device,
     cpu_streams,
     create_session,
     cuda_listed,
@@ -130,11 +132,18 @@ def cached_artifact_dir(checkpoint_dir: str | Path, cache_dir: str | Path | None
     return Path(cache_dir or cache_root()) / "artifacts" / checkpoint_hash(checkpoint_dir)[:24]
 
 
-def resolve_artifact(name_or_dir: str | Path, cache_dir: str | Path | None = None) -> Path:
+def resolve_artifact(name_or_dir: str | Path, cache_dir: str | Path | None = None, device: DeviceArg = "auto",
+                     precision: PrecisionArg = "auto", progress: bool = False) -> Path:
     """Return an export artifact directory for ``name_or_dir``, exporting a HF checkpoint once if needed.
 
     Accepts an artifact directory (holds ``manifest.json``), a local HF checkpoint directory, or a HF hub id. A
-    checkpoint is exported into ``<cache>/artifacts/<hash of its config+weights+tokenizer>`` and reused afterwards.
+    checkpoint is exported into ``<cache>/artifacts/<hash of its config+weights+tokenizer>`` and reused afterwards,
+    with the graphs an engine on ``device`` running ``precision`` needs
+    (:func:`~fastnli.engine.manifest.precisions_for`: CPU fp32 + int8, CUDA fp32 + fp16; ``device="auto"`` is this
+    machine's, :func:`~fastnli.engine.session.auto_device`). A cached artifact that lacks one of them is exported
+    again with its own precisions and the missing ones; one whose manifest or graph fails verification
+    (:func:`~fastnli.engine.manifest.verify_graph`) is removed and exported again. ``progress`` shows the export's stages as a rich progress bar
+    on stderr (default False: the stages are logged at INFO).
 
     Raises:
         FileNotFoundError: when ``name_or_dir`` reads as a local path (``./dir``, ``/abs/dir``, ``~/dir``) that does
@@ -152,18 +161,26 @@ def resolve_artifact(name_or_dir: str | Path, cache_dir: str | Path | None = Non
                                 "checkpoint)")
     ckpt, _ = resolve_checkpoint(name_or_dir)
     target = cached_artifact_dir(ckpt, cache_dir)
+    needed = precisions_for(auto_device() if device == "auto" else device, precision)
     try:
         manifest = read_manifest(target)
         for entry in manifest.precisions.values():
             verify_graph(target, entry)
-        logger.info("using cached export %s of %s", target, name_or_dir)
     except (OSError, ValueError) as exc:
         if target.exists():
             logger.warning("the cached export %s of %s is damaged (%s); exporting it again", target, name_or_dir, exc)
             shutil.rmtree(target, ignore_errors=True)
-        else:
-            logger.info("exporting %s once into the cache %s", name_or_dir, target)
-        export(ckpt, target)
+        logger.info("exporting %s once into the cache %s (%s)", name_or_dir, target, "+".join(needed))
+        export(ckpt, target, precisions=needed, progress=progress)
+        return target
+    cached = tuple(manifest.precisions)
+    missing = [p for p in needed if p not in cached]
+    if missing:
+        logger.info("the cached export %s of %s lacks %s: exporting again with it", target, name_or_dir,
+                    "+".join(missing))
+        export(ckpt, target, precisions=(*cached, *missing), progress=progress)
+    else:
+        logger.info("using cached export %s of %s", target, name_or_dir)
     return target
 
 
@@ -313,6 +330,7 @@ class NLIEngine:
         result_cache: ResultCache | None = None,
         cache_dir: str | Path | None = None,
         window_policy: WindowPolicy | None = None,
+        progress: bool = False,
     ) -> NLIEngine:
         """Load an engine.
 
@@ -334,12 +352,15 @@ class NLIEngine:
             window_policy: how ``long_premise="chunk"`` cuts long premises (default
                 :class:`~fastnli.engine.windows.WindowPolicy()`: windows as large as the model allows, 64 tokens of
                 overlap).
+            progress: when a checkpoint is exported, show its stages as a rich progress bar on stderr (default
+                False: they are logged at INFO). The export holds the graphs ``device`` and ``precision`` need
+                (:func:`resolve_artifact`).
         """
         if name_or_dir is None:
             from fastnli.default_model import default_model_dir
 
             name_or_dir = default_model_dir()
-        artifact = resolve_artifact(name_or_dir, cache_dir)
+        artifact = resolve_artifact(name_or_dir, cache_dir, device, precision, progress)
         return cls(artifact, device=device, precision=precision, batch_policy=batch_policy,
                    session_config=session_config, result_cache=result_cache, window_policy=window_policy)
 

@@ -20,6 +20,29 @@ MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
 
+#: The graphs a device runs, which an export made for it holds: the CPU runs INT8 (fp32 when INT8 misses its agreement
+#: gate), CUDA runs FP16 with fp32 as its reference (and its CPU fallback).
+DEVICE_PRECISIONS: dict[str, tuple[str, ...]] = {"cpu": ("fp32", "int8"), "cuda": ("fp32", "fp16")}
+
+
+def precisions_for(device: str, precision: str = "auto") -> tuple[str, ...]:
+    """The graphs an artifact needs for an engine on ``device`` (``"cpu"`` or ``"cuda"``) running ``precision``.
+
+    ``precision="auto"`` gives the device's :data:`DEVICE_PRECISIONS`; a named precision gives fp32 (the reference
+    every other graph is derived from and validated against) and that one. Order follows :data:`PRECISIONS`.
+
+    Raises:
+        ValueError: for a device or precision fastnli does not know, naming the valid ones.
+    """
+    if device not in DEVICE_PRECISIONS:
+        raise ValueError(f"device={device!r} has no precision set; use one of {sorted(DEVICE_PRECISIONS)} (resolve "
+                         "'auto' first)")
+    if precision == "auto":
+        return DEVICE_PRECISIONS[device]
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} is not supported; use 'auto' or one of {list(PRECISIONS)}")
+    return tuple(p for p in PRECISIONS if p in ("fp32", precision))
+
 #: Files of a HF checkpoint that determine its outputs (hashed into ``source_hash``).
 _HASHED_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json", "vocab.json",
                  "merges.txt", "spm.model", "tokenizer_config.json", "special_tokens_map.json")
@@ -66,6 +89,9 @@ class Manifest:
     artifact_hash: str = ""
     #: how the model reads an answer with its question (fastnli.scorers.questions), when it was trained so
     question_format: str | None = None
+    #: the export's stages in order, ``{"stage": name, "seconds": wall-clock s, "cpu_seconds": the export process's
+    #: CPU s}`` (empty for artifacts written before stages were timed)
+    export_stages: list[dict[str, Any]] = field(default_factory=list)
     format_version: int = FORMAT_VERSION
     created: str = ""
     complete: bool = True

@@ -224,6 +224,12 @@ def gpu_present() -> bool:
     return False
 
 
+def auto_device() -> Device:
+    """The device ``device="auto"`` means on this machine: ``"cuda"`` when the ONNX Runtime build lists the CUDA
+    provider and a GPU is present (:func:`cuda_listed`, :func:`gpu_present`), else ``"cpu"``."""
+    return "cuda" if cuda_listed() and gpu_present() else "cpu"
+
+
 def create_session(graph: str | Path | bytes, device: Device, config: SessionConfig,
                    intra_op_threads: int | None = None) -> tuple[Any, Device]:
     """Create an inference session for ``graph`` on ``device``.

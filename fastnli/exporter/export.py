@@ -27,6 +27,7 @@ import numpy as np
 from fastnli.engine.batches import CPU_POLICY, score_unique
 from fastnli.engine.labels import canonical_columns
 from fastnli.engine.manifest import (
+    DEVICE_PRECISIONS,
     MANIFEST_NAME,
     PRECISIONS,
     Manifest,
@@ -34,11 +35,15 @@ from fastnli.engine.manifest import (
     Validation,
     check_local_path,
     checkpoint_hash,
+    precisions_for,
     sha256_file,
 )
+from fastnli.engine.session import auto_device
 from fastnli.engine.tokenize import PairTokenizer
+from fastnli.exporter.attention import relative_shift_export
 from fastnli.exporter.precision import needs_calibration, to_fp16, to_int8
 from fastnli.exporter.probe import probe_pairs
+from fastnli.exporter.stages import Stages
 
 logger = logging.getLogger("fastnli")
 
@@ -200,37 +205,77 @@ def _place(tmp: Path, out: Path) -> None:
         os.replace(tmp, out)
 
 
+def planned_stages(precisions: Sequence[str], validate: bool) -> list[str]:
+    """The stage names of an export of ``precisions`` (fp32 first), in the order they run."""
+    stages = ["checkpoint hash", "fp32 graph (optimum)", "tokenizer"]
+    stages += [f"{p} graph" for p in precisions if p != "fp32"]
+    if validate:
+        stages += ["PyTorch fp32 reference"] + [f"validate {p}" for p in precisions]
+    return stages + ["hashes + manifest"]
+
+
+def export_precisions(precisions: Sequence[str] | None, device: str = "auto") -> list[str]:
+    """The precisions an export writes, fp32 first: ``precisions`` when given (checked), else those ``device`` runs
+    (:data:`~fastnli.engine.manifest.DEVICE_PRECISIONS`; ``"auto"`` is this machine's device,
+    :func:`~fastnli.engine.session.auto_device`).
+
+    Raises:
+        ValueError: for an unknown precision or device, naming the valid ones.
+    """
+    if precisions is None:
+        if device not in ("auto", *DEVICE_PRECISIONS):
+            raise ValueError(f"device={device!r} is not supported; use 'auto', 'cpu' or 'cuda'")
+        chosen: Sequence[str] = precisions_for(auto_device() if device == "auto" else device)
+    else:
+        if isinstance(precisions, str):
+            raise TypeError(f"precisions={precisions!r} must be a list of names, e.g. [{precisions!r}]")
+        bad = [p for p in precisions if p not in PRECISIONS]
+        if bad:
+            raise ValueError(f"precisions={list(precisions)!r}: {bad} unknown; choose from {list(PRECISIONS)}")
+        chosen = precisions
+    return ["fp32"] + [p for p in PRECISIONS if p in chosen and p != "fp32"]
+
+
 def export(
     model: str | Path,
     out_dir: str | Path,
-    precisions: Sequence[str] = PRECISIONS,
+    precisions: Sequence[str] | None = None,
     opset: int | None = None,
     validate: bool = True,
     int8_recipe: dict[str, Any] | None = None,
     calibration_pairs: Sequence[tuple[str, str]] | None = None,
+    device: str = "auto",
+    progress: bool = False,
+    relative_shift: bool = False,
 ) -> Manifest:
     """Export ``model`` (HF hub id or local checkpoint directory) to an ONNX artifact in ``out_dir``.
+
+    Each stage is logged when it starts and ends (``fastnli`` logger, INFO) and timed into the manifest's
+    ``export_stages``.
 
     Args:
         model: a HF hub id (e.g. ``"microsoft/deberta-large-mnli"``) or a local checkpoint directory.
         out_dir: artifact directory; written atomically (an existing artifact there is replaced).
-        precisions: any of ``"fp32"``, ``"fp16"``, ``"int8"`` (default all three; fp32 is always exported, as the
-            other two are derived from it).
+        precisions: any of ``"fp32"``, ``"fp16"``, ``"int8"``; fp32 is always exported, as the other two are derived
+            from it. Default None: the precisions ``device`` runs (CPU: fp32 + int8; CUDA: fp32 + fp16).
         opset: ONNX opset (default: optimum's choice for the architecture).
         validate: score the probe set with PyTorch fp32 and every graph and record the agreement (default True).
         int8_recipe: overrides :data:`fastnli.exporter.precision.INT8_RECIPE` (e.g. ``op_types`` with ``"Gather"`` to
             quantize the embedding tables too, as the embedded default model does to fit its size budget).
         calibration_pairs: (premise, hypothesis) pairs the INT8 recipes that calibrate (``"outliers"``,
             ``"method": "static"``) measure activations on (default: the built-in probe set); unused by the others.
+        device: the device the artifact is for when ``precisions`` is None: ``"auto"`` (default: CUDA when this
+            machine's ONNX Runtime lists it and a GPU is present, else CPU), ``"cpu"`` or ``"cuda"``.
+        progress: show the stages as a rich progress bar on stderr (default False).
+        relative_shift: export DeBERTa v1's position terms as a relative shift instead of gathers where that is
+            exact (:mod:`fastnli.exporter.attention`; recorded in the fp32 recipe). Default False: the same
+            function, but not measured faster on INT8 (docs/benchmarks.md).
 
     Returns:
         The written manifest.
     """
+    wanted = export_precisions(precisions, device)
     _require_export_deps()
-    bad = [p for p in precisions if p not in PRECISIONS]
-    if bad:
-        raise ValueError(f"precisions={list(precisions)!r}: {bad} unknown; choose from {list(PRECISIONS)}")
-    wanted = ["fp32"] + [p for p in PRECISIONS if p in precisions and p != "fp32"]
     ckpt, source = resolve_checkpoint(model)
     config = json.loads((ckpt / "config.json").read_text())
     columns = canonical_columns(config.get("id2label") or {})  # refuse a non-NLI head before any work
@@ -243,72 +288,88 @@ def export(
     clean_leftovers(out.parent)
     tmp = out.with_name(f".{out.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
+    logger.info("exporting %s as %s to %s", source, "+".join(wanted), out)
     try:
-        t0 = time.perf_counter()
-        src_hash = checkpoint_hash(ckpt)
-        export_dir = tmp / "_optimum"
-        main_export(str(ckpt), output=export_dir, task="text-classification", opset=opset, device="cpu",
-                    do_validation=False, no_post_process=True)
-        os.replace(export_dir / "model.onnx", tmp / GRAPH_FILES["fp32"])
-        shutil.rmtree(export_dir)
-        hf_tok = AutoTokenizer.from_pretrained(ckpt)
-        hf_tok.save_pretrained(tmp)
-        if not (tmp / "tokenizer.json").is_file():
-            raise ValueError(f"{source}: its tokenizer has no fast (tokenizer.json) form; fastnli needs one")
-        pad_id = int(hf_tok.pad_token_id if hf_tok.pad_token_id is not None else 0)
-        max_length = int(min(getattr(hf_tok, "model_max_length", 512) or 512,
-                             config.get("max_position_embeddings", 512) or 512))
+        with Stages(f"export of {ckpt.name}", planned_stages(wanted, validate), progress) as stages:
+            t0 = time.perf_counter()
+            with stages.stage("checkpoint hash"):
+                src_hash = checkpoint_hash(ckpt)
+            with stages.stage("fp32 graph (optimum)"):
+                export_dir = tmp / "_optimum"
+                with relative_shift_export(config if relative_shift else {}) as shifted:
+                    main_export(str(ckpt), output=export_dir, task="text-classification", opset=opset,
+                                device="cpu", do_validation=False, no_post_process=True)
+                os.replace(export_dir / "model.onnx", tmp / GRAPH_FILES["fp32"])
+                shutil.rmtree(export_dir)
+            with stages.stage("tokenizer"):
+                hf_tok = AutoTokenizer.from_pretrained(ckpt)
+                hf_tok.save_pretrained(tmp)
+                if not (tmp / "tokenizer.json").is_file():
+                    raise ValueError(f"{source}: its tokenizer has no fast (tokenizer.json) form; fastnli needs one")
+                pad_id = int(hf_tok.pad_token_id if hf_tok.pad_token_id is not None else 0)
+                max_length = int(min(getattr(hf_tok, "model_max_length", 512) or 512,
+                                     config.get("max_position_embeddings", 512) or 512))
 
-        import onnx
+                import onnx
 
-        fp32_model = onnx.load(str(tmp / GRAPH_FILES["fp32"]), load_external_data=False)
-        graph_opset = max(o.version for o in fp32_model.opset_import if o.domain in ("", "ai.onnx"))
-        inputs = [i.name for i in fp32_model.graph.input]
-        del fp32_model
-        recipes: dict[str, dict[str, Any]] = {"fp32": {"exporter": "optimum-onnx main_export",
-                                                       "task": "text-classification"}}
-        if "fp16" in wanted:
-            recipes["fp16"] = to_fp16(tmp / GRAPH_FILES["fp32"], tmp / GRAPH_FILES["fp16"])
-        if "int8" in wanted:
-            feeds = None
-            if needs_calibration(int8_recipe):
-                pairs = calibration_pairs or probe_pairs()
-                feeds = calibration_feeds(PairTokenizer(tmp / "tokenizer.json", max_length), pairs, inputs, pad_id)
-            recipes["int8"] = to_int8(tmp / GRAPH_FILES["fp32"], tmp / GRAPH_FILES["int8"], int8_recipe, feeds)
-            if feeds is not None:
-                recipes["int8"]["calibration_pairs"] = len(pairs)
+                fp32_model = onnx.load(str(tmp / GRAPH_FILES["fp32"]), load_external_data=False)
+                graph_opset = max(o.version for o in fp32_model.opset_import if o.domain in ("", "ai.onnx"))
+                inputs = [i.name for i in fp32_model.graph.input]
+                del fp32_model
+            recipes: dict[str, dict[str, Any]] = {"fp32": {"exporter": "optimum-onnx main_export",
+                                                           "task": "text-classification"}}
+            if shifted:
+                recipes["fp32"]["attention"] = "relative shift (fastnli.exporter.attention)"
+            if "fp16" in wanted:
+                with stages.stage("fp16 graph"):
+                    recipes["fp16"] = to_fp16(tmp / GRAPH_FILES["fp32"], tmp / GRAPH_FILES["fp16"])
+            if "int8" in wanted:
+                with stages.stage("int8 graph"):
+                    feeds = None
+                    if needs_calibration(int8_recipe):
+                        pairs = calibration_pairs or probe_pairs()
+                        feeds = calibration_feeds(PairTokenizer(tmp / "tokenizer.json", max_length), pairs, inputs,
+                                                  pad_id)
+                    recipes["int8"] = to_int8(tmp / GRAPH_FILES["fp32"], tmp / GRAPH_FILES["int8"], int8_recipe,
+                                              feeds)
+                    if feeds is not None:
+                        recipes["int8"]["calibration_pairs"] = len(pairs)
 
-        entries: dict[str, PrecisionEntry] = {}
-        validations: dict[str, Validation] = {}
-        if validate:
-            pairs = probe_pairs()
-            ref = _torch_probs(ckpt, pairs, columns, max_length)
-            ptok = PairTokenizer(tmp / "tokenizer.json", max_length)
-            for p in wanted:
-                got, secs = onnx_probs(tmp / GRAPH_FILES[p], ptok, pairs, columns, pad_id)
-                validations[p] = _validation(ref, got, secs)
-                logger.info("%s vs PyTorch fp32: max |dprob| %.2e, argmax agreement %.4f", p,
-                            validations[p].max_abs_dprob, validations[p].argmax_agreement)
-        for p in wanted:
-            f = tmp / GRAPH_FILES[p]
-            entries[p] = PrecisionEntry(file=f.name, bytes=f.stat().st_size, sha256=sha256_file(f),
-                                        validation=validations.get(p), recipe=recipes[p])
-        tok_files = sorted(n for n in _TOKENIZER_FILES if (tmp / n).is_file())
-        import hashlib
+            entries: dict[str, PrecisionEntry] = {}
+            validations: dict[str, Validation] = {}
+            if validate:
+                pairs = probe_pairs()
+                with stages.stage("PyTorch fp32 reference"):
+                    ref = _torch_probs(ckpt, pairs, columns, max_length)
+                ptok = PairTokenizer(tmp / "tokenizer.json", max_length)
+                for p in wanted:
+                    with stages.stage(f"validate {p}"):
+                        got, secs = onnx_probs(tmp / GRAPH_FILES[p], ptok, pairs, columns, pad_id)
+                        validations[p] = _validation(ref, got, secs)
+                        logger.info("%s vs PyTorch fp32: max |dprob| %.2e, argmax agreement %.4f", p,
+                                    validations[p].max_abs_dprob, validations[p].argmax_agreement)
+            with stages.stage("hashes + manifest"):
+                for p in wanted:
+                    f = tmp / GRAPH_FILES[p]
+                    entries[p] = PrecisionEntry(file=f.name, bytes=f.stat().st_size, sha256=sha256_file(f),
+                                                validation=validations.get(p), recipe=recipes[p])
+                tok_files = sorted(n for n in _TOKENIZER_FILES if (tmp / n).is_file())
+                import hashlib
 
-        art = hashlib.sha256(src_hash.encode())
-        for p in wanted:
-            art.update(entries[p].sha256.encode())
-        art.update(sha256_file(tmp / "tokenizer.json").encode())
-        manifest = Manifest(
-            source=source, source_hash=src_hash, model_type=str(config.get("model_type", "")),
-            id2label={str(k): str(v) for k, v in config["id2label"].items()}, columns=columns,
-            max_length=max_length, inputs=inputs, pad_token_id=pad_id, tokenizer_files=tok_files,
-            opset=graph_opset, versions=_versions(), precisions=entries, artifact_hash=art.hexdigest(),
-            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        )
-        (tmp / MANIFEST_NAME).write_text(manifest.to_json())
-        _place(tmp, out)
+                art = hashlib.sha256(src_hash.encode())
+                for p in wanted:
+                    art.update(entries[p].sha256.encode())
+                art.update(sha256_file(tmp / "tokenizer.json").encode())
+                manifest = Manifest(
+                    source=source, source_hash=src_hash, model_type=str(config.get("model_type", "")),
+                    id2label={str(k): str(v) for k, v in config["id2label"].items()}, columns=columns,
+                    max_length=max_length, inputs=inputs, pad_token_id=pad_id, tokenizer_files=tok_files,
+                    opset=graph_opset, versions=_versions(), precisions=entries, artifact_hash=art.hexdigest(),
+                    created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                )
+            manifest.export_stages = stages.record()
+            (tmp / MANIFEST_NAME).write_text(manifest.to_json())
+            _place(tmp, out)
         logger.info("exported %s to %s in %.1f s", source, out, time.perf_counter() - t0)
         return manifest
     finally:

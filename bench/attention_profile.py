@@ -1,0 +1,166 @@
+"""``python -m bench.attention_profile``: where an INT8 DeBERTa graph spends its time on the CPU, per op type.
+
+Builds a seeded deberta (v1) or deberta-v2 checkpoint at the large width (hidden 1024, 16 heads; ``--layers``
+of them, default 4: the shares per op type do not depend on the depth), exports fp32 + INT8 (the export default,
+dynamic INT8), and runs ONNX Runtime's profiler on the INT8 graph, one thread, on a short batch (64 pairs x 24
+tokens) and a long one (8 x 256). It prints the time share of each op type and of four groups: the INT8 GEMMs,
+the fp32 MatMuls (the attention products: QK^T, attention x V and the relative-position terms), the position
+plumbing (Slice, Transpose, GatherElements, Gather, Expand, Reshape, Concat, ...) and the rest. ``--json`` writes
+the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger("fastnli")
+
+INT8_OPS = {"MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLinear",
+            "QuantizeLinear", "DequantizeLinear", "QGemm", "QLinearMatMul"}
+FP32_GEMM_OPS = {"MatMul", "FusedMatMul", "Gemm"}
+PLUMBING_OPS = {"Slice", "Transpose", "GatherElements", "Gather", "Expand", "Reshape", "Concat", "Unsqueeze",
+                "Squeeze", "Shape", "Where", "Cast", "Range", "Clip", "Equal", "ConstantOfShape", "Neg", "Sub",
+                "Tile", "ScatterND", "GatherND", "Min", "Max"}
+SHAPES = {"short": (64, 24), "long": (8, 256)}
+
+
+def group(op: str) -> str:
+    """The group of an op type: ``int8 GEMM``, ``fp32 MatMul``, ``plumbing`` or ``other``."""
+    if op in INT8_OPS:
+        return "int8 GEMM"
+    if op in FP32_GEMM_OPS:
+        return "fp32 MatMul"
+    if op in PLUMBING_OPS:
+        return "plumbing"
+    return "other"
+
+
+def profile_graph(graph: Path, rows: int, length: int, vocab: int, inputs: Sequence[str], runs: int = 3,
+                  threads: int = 1) -> dict[str, float]:
+    """Microseconds per op type of one run of ``graph`` on a ``rows x length`` batch (mean of ``runs`` after a
+    warm-up), in a CPU session set up as the engine sets its sessions up."""
+    import onnxruntime as ort
+
+    from fastnli.engine.session import SessionConfig, session_model, session_options
+
+    config = SessionConfig()
+    opts = session_options(config, threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(Path(tmp) / "ort")
+        sess = ort.InferenceSession(session_model(graph, config, int8="int8" in graph.name), opts,
+                                    providers=["CPUExecutionProvider"],
+                                    disabled_optimizers=list(config.cpu_disabled_optimizers))
+        rng = np.random.default_rng(0)
+        feed = {"input_ids": rng.integers(5, vocab, (rows, length), dtype=np.int64),
+                "attention_mask": np.ones((rows, length), np.int64),
+                "token_type_ids": np.zeros((rows, length), np.int64)}
+        feed = {k: v for k, v in feed.items() if k in inputs}
+        sess.run(None, feed)
+        for _ in range(runs):
+            sess.run(None, feed)
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    model_runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                        if e.get("cat") == "Session" and e.get("name") == "model_run")
+    warm_up_end = model_runs[0][1]  # the warm-up run is in the trace too: left out
+    per_op: dict[str, float] = defaultdict(float)
+    for e in events:
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time") and e["ts"] > warm_up_end:
+            per_op[e["args"]["op_name"]] += float(e["dur"])
+    return {op: us / (len(model_runs) - 1) for op, us in sorted(per_op.items(), key=lambda kv: -kv[1])}
+
+
+def shares(per_op: dict[str, float]) -> dict[str, Any]:
+    """Per op type and per group: microseconds and share of the total."""
+    total = sum(per_op.values()) or 1.0
+    groups: dict[str, float] = defaultdict(float)
+    for op, us in per_op.items():
+        groups[group(op)] += us
+    return {"total_ms": total / 1e3,
+            "groups": {g: round(us / total, 4) for g, us in sorted(groups.items(), key=lambda kv: -kv[1])},
+            "ops": {op: round(us / total, 4) for op, us in per_op.items()}}
+
+
+def build_and_export(arch: str, layers: int, root: Path, relative_shift: bool = True) -> tuple[Path, Path]:
+    """The seeded large-width checkpoint of ``arch`` with ``layers`` layers and its fp32 + INT8 export (cached), with
+    or without DeBERTa v1's relative shift (:mod:`fastnli.exporter.attention`)."""
+    from fastnli.engine import read_manifest
+    from fastnli.exporter import export
+    from fastnli.exporter.checkpoint import build_checkpoint
+
+    ck = root / f"{arch}-large-{layers}l"
+    if not (ck / "config.json").is_file():
+        build_checkpoint(ck, arch=arch, size="large", seed=0, num_layers=layers)  # type: ignore[arg-type]
+    art = root / f"{arch}-large-{layers}l-{'shift' if relative_shift else 'gather'}"
+    try:
+        read_manifest(art)
+    except (FileNotFoundError, ValueError):
+        export(ck, art, precisions=("fp32", "int8"), validate=False, relative_shift=relative_shift)
+    return ck, art
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench.attention_profile [options]``; returns the exit status."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from fastnli.engine import cache_root, read_manifest
+
+    p = argparse.ArgumentParser(prog="python -m bench.attention_profile", description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--arch", default="deberta,deberta-v2", help="comma-separated: deberta, deberta-v2")
+    p.add_argument("--layers", type=int, default=4, help="layers of the large-width checkpoint (default 4)")
+    p.add_argument("--artifact", default=None, help="profile this artifact's INT8 graph instead (one arch)")
+    p.add_argument("--precision", default="int8", choices=["int8", "fp32"], help="the graph to profile")
+    p.add_argument("--runs", type=int, default=3, help="profiled runs per shape after one warm-up (default 3)")
+    p.add_argument("--shift", default="both", choices=["both", "on", "off"],
+                   help="DeBERTa v1 graphs with the relative shift, the HF gathers, or both, profiled alternately in "
+                   "one run (default both; v2 graphs are the same either way)")
+    p.add_argument("--json", default=None, help="write the figures here")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    console = Console(width=100)
+    results: dict[str, Any] = {}
+    variants = {"both": [False, True], "on": [True], "off": [False]}[args.shift]
+    for arch in [a.strip() for a in args.arch.split(",") if a.strip()]:
+        graphs: dict[str, tuple[Path, Any]] = {}
+        for shift in variants if arch == "deberta" and not args.artifact else [True]:
+            if args.artifact:
+                art = Path(args.artifact)
+            else:
+                _, art = build_and_export(arch, args.layers, cache_root() / "bench" / "attention_profile", shift)
+            m = read_manifest(art)
+            label = f"{arch} ({'relative shift' if 'attention' in m.precisions['fp32'].recipe else 'as exported'})"
+            graphs[label] = (art / m.precisions[args.precision].file, m)
+        vocab = 2000  # the seeded tokenizers' ids stay below this; the shares do not depend on the ids
+        for shape, (rows, length) in SHAPES.items():
+            for label, (graph, m) in graphs.items():  # variants alternate within a shape: the same machine load
+                figures = shares(profile_graph(graph, rows, length, vocab, m.inputs, args.runs))
+                results[f"{label}/{shape}"] = figures
+                table = Table(title=f"{label} {args.precision} {shape} ({rows} x {length}): "
+                                    f"{figures['total_ms']:.1f} ms per run, 1 thread")
+                table.add_column("group / op type")
+                table.add_column("share", justify="right")
+                for g, s in figures["groups"].items():
+                    table.add_row(f"[bold]{g}[/bold]", f"{s:.1%}")
+                for op, s in list(figures["ops"].items())[:14]:
+                    table.add_row(f"  {op} ({group(op)})", f"{s:.1%}")
+                console.print(table)
+        if args.artifact:
+            break
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
