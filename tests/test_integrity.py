@@ -90,7 +90,7 @@ def test_a_damaged_cache_entry_is_rebuilt(ckpt_v1: Path, art_v1: Path, tmp_path:
     export_mod = importlib.import_module("fastnli.exporter.export")  # the package re-exports a function of that name
     exports: list[Path] = []
 
-    def fake_export(ckpt: Path, target: Path) -> None:  # the real export of ckpt_v1 is art_v1
+    def fake_export(ckpt: Path, target: Path, **_: object) -> None:  # the real export of ckpt_v1 is art_v1
         exports.append(Path(target))
         shutil.copytree(art_v1, target)
 
