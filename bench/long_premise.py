@@ -13,7 +13,9 @@ content words with the pair are skipped, ``long_document``) supplies the documen
 the pair's. Modes: ``alone`` (the snli pair as it is), ``truncate`` (the document cut ``longest_first`` at 512
 tokens), ``chunk`` (windows as large as the model allows) and ``chunk/128`` (windows of at most 128 tokens). Accuracy
 is argmax = gold; each cell's cost is the model pairs (after dedup), their real tokens and the engine seconds of
-that one call.
+that one call. *Support* is P(entailment) > 0.5: *found* over the entailed hypotheses with the premise in the
+document, *false* over every hypothesis against the same document with the premise left out (reading more windows
+gives an unrelated document more chances to look supporting).
 
 **CaLM workload.** ``bench.calm_pairs.make_workload`` (``--queries`` queries, 5 documents each, scripted answers
 citing them) with every document lengthened by 150-1,500 tokens of filler (its own sentences at a random depth), one
@@ -77,13 +79,13 @@ def _counter(engine: NLIEngine) -> Any:
 
 
 def documents(pairs: list[dict[str, Any]], pool: list[str], depths: Sequence[int], engine: NLIEngine, seed: int
-              ) -> dict[int, list[tuple[str, int]]]:
-    """Per depth, per pair: (document, the premise's real depth in tokens)."""
+              ) -> dict[int, list[tuple[str, int, str]]]:
+    """Per depth, per pair: (document, the premise's real depth in tokens, the same document without the premise)."""
     from tools.default_model.answer_data import long_document
 
     tokens = _counter(engine)
     need = max(depths) + AFTER_TOKENS
-    out: dict[int, list[tuple[str, int]]] = {d: [] for d in depths}
+    out: dict[int, list[tuple[str, int, str]]] = {d: [] for d in depths}
     for i, r in enumerate(pairs):
         rng = random.Random(seed * 7919 + i)
         stream = long_document(None, f"{r['hypothesis']} {r['premise']}", pool, need, rng)  # words: more tokens than needed
@@ -94,25 +96,34 @@ def documents(pairs: list[dict[str, Any]], pool: list[str], depths: Sequence[int
             before = sents[:cut]
             after_end = int(np.searchsorted(lengths, (lengths[cut - 1] if cut else 0) + AFTER_TOKENS)) + 1
             doc = " ".join([*before, r["premise"], *sents[cut:after_end]])
-            out[d].append((doc, int(lengths[cut - 1]) if cut else 0))
+            out[d].append((doc, int(lengths[cut - 1]) if cut else 0, " ".join([*before, *sents[cut:after_end]])))
     return out
 
 
-def needle_table(engines: dict[str, NLIEngine], pairs: list[dict[str, Any]], docs: dict[int, list[tuple[str, int]]]
-                 ) -> list[dict[str, Any]]:
+def needle_table(engines: dict[str, NLIEngine], pairs: list[dict[str, Any]],
+                 docs: dict[int, list[tuple[str, int, str]]]) -> list[dict[str, Any]]:
+    """Per mode and depth: accuracy with the premise in the document, the entailed hypotheses found supported
+    (P(entailment) > 0.5), and every hypothesis found supported by the document without the premise (false support)."""
     gold = np.array([CANONICAL_LABELS.index(r["label"]) for r in pairs])
+    entailed = gold == CANONICAL_LABELS.index("entailment")
     hyps = [r["hypothesis"] for r in pairs]
     base = engines["chunk"]
     alone = base.predict_detailed([(r["premise"], r["hypothesis"]) for r in pairs], "truncate")
     rows = [{"mode": "alone", "depth": 0, "real_depth": 0, "accuracy": float((alone.probs.argmax(1) == gold).mean()),
+             "support_found": float((alone.probs[entailed, -1] > 0.5).mean()), "false_support": None,
              "model_pairs": alone.stats.model_pairs, "tokens": alone.stats.real_tokens,
              "seconds": alone.stats.seconds, "truncated": 0, "doc_tokens": float(alone.tokens.mean())}]
     for depth, items in docs.items():
-        pairs_d = [(doc, h) for (doc, _), h in zip(items, hyps)]
+        pairs_d = [(doc, h) for (doc, _, _), h in zip(items, hyps)]
+        empty_d = [(doc, h) for (_, _, doc), h in zip(items, hyps)]
         for mode, engine in engines.items():
-            got = engine.predict_detailed(pairs_d, "truncate" if mode == "truncate" else "chunk")
-            rows.append({"mode": mode, "depth": depth, "real_depth": float(np.mean([d for _, d in items])),
+            long_premise = "truncate" if mode == "truncate" else "chunk"
+            got = engine.predict_detailed(pairs_d, long_premise)
+            empty = engine.predict(empty_d, long_premise=long_premise)
+            rows.append({"mode": mode, "depth": depth, "real_depth": float(np.mean([d for _, d, _ in items])),
                          "accuracy": float((got.probs.argmax(1) == gold).mean()),
+                         "support_found": float((got.probs[entailed, -1] > 0.5).mean()),
+                         "false_support": float((empty[:, -1] > 0.5).mean()),
                          "model_pairs": got.stats.model_pairs, "tokens": got.stats.real_tokens,
                          "seconds": got.stats.seconds, "truncated": got.stats.truncated_pairs,
                          "doc_tokens": float(got.tokens.mean())})
@@ -178,6 +189,15 @@ def markdown(needle: list[dict[str, Any]], calm: list[dict[str, Any]], depths: S
         lines.append(f"| {d} | {cells[0]['real_depth']:.0f} | {cells[0]['doc_tokens']:.0f} | "
                      + " | ".join(f"{c['accuracy']:.3f}" for c in cells) + " | "
                      + " | ".join(f"{c['model_pairs']} / {c['tokens']} / {c['seconds']:.2f}" for c in cells) + " |")
+    lines += ["", f"Support (P(entailment) > 0.5): of the {meta['entailed']} "
+              f"entailed hypotheses with the premise in the document (alone: {alone['support_found']:.3f}), and of all "
+              f"{meta['pairs']} hypotheses against the same document without the premise (false support).", "",
+              "| depth (tokens) | " + " | ".join(f"{m} found | {m} false" for m in modes) + " |",
+              "|---|" + "---|" * (2 * len(modes))]
+    for d in depths:
+        cells = [acc[(m, d)] for m in modes]
+        lines.append(f"| {d} | " + " | ".join(f"{c['support_found']:.3f} | {c['false_support']:.3f}" for c in cells)
+                     + " |")
     lines += ["", f"CaLM workload: {meta['queries']} queries x 5 documents of 150-1,500 extra tokens, one iteration.",
               "", "| mode | logical pairs | requested model pairs | unique | unique/requested | tokens | engine s | "
               "chunked | truncated | citation recall |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -207,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     docs = documents(pairs, pool, depths, chunk, args.seed)
     needle = needle_table(engines, pairs, docs)
     calm = calm_table(engines, pool, args.queries, args.seed)
-    meta = {"pairs": len(pairs), "model": str(chunk.manifest.source), "device": chunk.device,
+    meta = {"pairs": len(pairs), "entailed": sum(r["label"] == "entailment" for r in pairs),
+            "model": str(chunk.manifest.source), "device": chunk.device,
             "precision": chunk.precision, "queries": args.queries, "depths": depths}
     text = markdown(needle, calm, depths, meta)
     sys.stdout.write(text)
