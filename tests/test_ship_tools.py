@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ from fastnli.engine import NLIEngine
 from fastnli.engine.session import SessionConfig, cpu_model_name, exact_int8_wanted, int8_isa, u8s8_saturates
 from tools.default_model import measure as measure_default_model
 from tools.default_model import ship
+
+REPO = ship.REPO
 
 LABELS = ["contradiction", "neutral", "entailment"]
 
@@ -164,3 +167,25 @@ def test_card_rebuilds_a_two_stage_model_with_runnable_commands(tmp_path: Path) 
     assert "answer_data --out /tmp/answers-1" in ship.rebuild_text(second)
     first["data"]["extra_train"]["files"] = {str(rows / "train.jsonl"): "c" * 64}  # a hash the record lacks
     assert "the rows of sha256 `" + "c" * 64 in ship.rebuild_text(second)
+
+
+def test_rebuild_restores_a_teacher_from_the_commit_that_shipped_it() -> None:
+    """A teacher that was the embedded default model: its rebuild step restores it from the first commit whose
+    manifest has its artifact hash, and the training command points at that copy."""
+    manifest = REPO / "fastnli" / "models" / "default" / "manifest.json"
+    commit = subprocess.run(["git", "log", "-1", "--format=%H", "--", str(manifest)], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    if not commit:
+        pytest.skip("not a git checkout with history")
+    shipped = json.loads(subprocess.run(["git", "show", f"{commit}:fastnli/models/default/manifest.json"], cwd=REPO,
+                                        capture_output=True, text=True, check=True).stdout)["artifact_hash"]
+    first = ship.shipped_commit(shipped)
+    assert first is not None
+    assert json.loads(subprocess.run(["git", "show", f"{first}:fastnli/models/default/manifest.json"], cwd=REPO,
+                                     capture_output=True, text=True, check=True).stdout)["artifact_hash"] == shipped
+    restore, args = ship.teacher_step({"recipe": {"teacher_engine": {"artifact_hash": shipped}}})
+    where = f"/tmp/teacher-{first[:12]}"
+    assert restore.startswith(f"`mkdir -p {where} && git archive {first} fastnli/models/default | tar -x -C {where}`")
+    assert args == ["--teacher-engine", f"{where}/fastnli/models/default"]
+    assert ship.teacher_step({"recipe": {"teacher_engine": {"artifact_hash": "0" * 64}}}) == ("", [])
+    assert ship.teacher_step({}) == ("", [])

@@ -244,8 +244,8 @@ def distillation_text(teacher: dict[str, Any] | None) -> str:
     made = (f", trained with `{lineage['command']}` ({figures} at INT8)" if lineage.get("command") else "")
     return (f"\nDistilled from the teacher `{teacher['engine']}` (artifact `{teacher.get('artifact_hash') or lineage.get('artifact_hash')}`"
             f"{made}): its {teacher['precision']} probabilities of every training pair, computed once through fastnli's "
-            f"engine (train accuracy {teacher['train_accuracy']:.4f}). To rebuild this model, first rebuild and ship "
-            "the teacher, then run the command above.\n")
+            f"engine (train accuracy {teacher['train_accuracy']:.4f}). The rebuild steps below restore the teacher "
+            "from the commit that shipped it; without that commit, rebuild and ship the teacher first.\n")
 
 
 def invocations_text(t: dict[str, Any]) -> str:
@@ -355,6 +355,34 @@ def weak_text(q: dict[str, Any]) -> str:
             "long document that does support a statement can read as neutral.")
 
 
+def shipped_commit(artifact_hash: str) -> str | None:
+    """The first commit whose embedded default model (``fastnli/models/default/manifest.json``) has
+    ``artifact_hash``: where a teacher that was the default model at the time is found again; None outside a git
+    checkout or when no commit shipped it."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "log", "--reverse", "--format=%H", "-S", artifact_hash, "--",
+                              "fastnli/models/default/manifest.json"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out[0] if out else None
+
+
+def teacher_step(stage: dict[str, Any]) -> tuple[str, list[str]]:
+    """``(command that restores the stage's teacher, ["--teacher-engine", its path])`` when the teacher was a default
+    model shipped in this repository's history; ``("", [])`` otherwise (no teacher, or one not found)."""
+    teacher = (stage.get("recipe") or {}).get("teacher_engine") or {}
+    commit = shipped_commit(teacher["artifact_hash"]) if teacher.get("artifact_hash") else None
+    if commit is None:
+        return "", []
+    where = f"/tmp/teacher-{commit[:12]}"
+    return (f"`mkdir -p {where} && git archive {commit} fastnli/models/default | tar -x -C {where}` (the teacher, "
+            f"artifact `{teacher['artifact_hash'][:16]}…`, the default model of that commit), ",
+            ["--teacher-engine", f"{where}/fastnli/models/default"])
+
+
 def rebuild_text(t: dict[str, Any]) -> str:
     """The model card's commands that rebuild the model from the shared data: for a model trained in stages
     (``--base`` a checkpoint of this tool), each stage's rows and training command, first stage first."""
@@ -370,10 +398,17 @@ def rebuild_text(t: dict[str, Any]) -> str:
         paths = ["--extra-train", f"{rows_dir}/train.jsonl", "--out", out]
         if i > 1:
             paths += ["--base", f"/tmp/default-nli-{i - 1}"]
-        steps.append(f"{i}. {rows}, then `{training_command(stage['command'], paths)}`")
+        restore, teacher = teacher_step(stage)
+        steps.append(f"{i}. {restore}{rows}, then `{training_command(stage['command'], paths + teacher)}`")
     return ("\nRebuild, from the repository root (every row file is the same byte for byte; its sha256 is in the "
             "training log):\n\n" + "\n".join(steps) + f"\n{len(stages) + 1}. `python -m tools.default_model.ship "
             f"--checkpoint /tmp/default-nli-{len(stages)} --answers /tmp/answers-{len(stages)}`\n")
+
+
+def recipe_lines(recipe: dict[str, Any]) -> str:
+    """The model card's recipe, one line per setting (the teacher has its own paragraph)."""
+    return "\n".join(f"- {k.replace('_', ' ')}: {v}" for k, v in recipe.items()
+                     if v is not None and k != "teacher_engine")
 
 
 def stages_text(t: dict[str, Any]) -> str:
@@ -466,6 +501,15 @@ def probes_table(q: dict[str, Any]) -> str:
             "illustrations, not an evaluation):\n\n" + "\n".join(lines) + "\n\n")
 
 
+def before_text(q: dict[str, Any]) -> str:
+    """Which model the card's "before" columns measured."""
+    before = q.get("before") or {}
+    if not before.get("artifact_hash"):
+        return '"before" is the model this one replaced.'
+    where = f", the default model shipped in commit `{before['commit'][:12]}`" if before.get("commit") else ""
+    return f'"before" is the model of artifact `{before["artifact_hash"][:16]}…`{where}.'
+
+
 def mission_section(q: dict[str, Any]) -> str:
     """The model card's section on the job (answers to one question, long premises); empty for records without it."""
     if "mission" not in q:
@@ -475,7 +519,7 @@ The mission-shaped evaluation (`tools/default_model/mission_eval.py` on the test
 `tools/default_model/answer_data.py`: questions, sentences and snli/dev premises never trained on or used to choose
 anything). Value swaps count as flagged when P(contradiction) > 0.5 in either direction; meaning-keeping variants
 count when both directions are entailment (argmax); the AUROC ranks agreeing against disagreeing answer pairs by
-NCP's pair score 1 - (p_c(a, b) + p_c(b, a)) / 2. "before" is the model this one replaced.
+NCP's pair score 1 - (p_c(a, b) + p_c(b, a)) / 2. {before_text(q)}
 
 {mission_tables(q)}
 
@@ -523,7 +567,7 @@ mnli/dev_matched, so `lingnli/val[unseen-premise]` is given too).
 ## Recipe (`tools/default_model/train.py`, seed {a["seed"]})
 {stages_text(t)}{invocations_text(t)}
 
-{json.dumps(t["recipe"], indent=1)}
+{recipe_lines(t["recipe"])}
 {distillation_text(t["recipe"].get("teacher_engine"))}
 {rebuild_text(t)}
 
@@ -557,8 +601,9 @@ instruction set far more than on the clock.
 - Trained on ~51k licensed NLI pairs (mostly SNLI-style captions) plus the generated answer and long-premise
   rows: weaker on technical or multi-sentence text than deberta-large-mnli; lingnli/val accuracy shows the gap
   on MNLI-style text.{weak_text(q)}
-- English only; trained on pairs of up to {t["args"]["max_length"]} tokens (inference truncates at
-  {manifest["max_length"]} tokens); documents longer than that need chunking.
+- English only; trained on pairs of up to {t["args"]["max_length"]} tokens. `predict` truncates longer pairs at
+  {manifest["max_length"]} tokens unless asked to chunk (`long_premise="chunk"`); CaLM, ALCE and `fastnli.grounding`
+  read long documents in windows ([docs/grounding.md](../../../docs/grounding.md)).
 - Only the INT8 graph ships (an fp32 graph would add ~90 MB). The shipped recipe is slower than plain dynamic
   INT8 (`int8` vs `int8-dynamic` above): the price of the agreement with fp32 and of batch-invariant scores.
 - On x86-64 CPUs without VNNI (AVX2 only, e.g. AMD Zen 2/3) the INT8 products run on ONNX Runtime's exact U8U8
@@ -581,7 +626,9 @@ def main() -> None:
                     help="answer_data.py output (dev.jsonl, test.jsonl); default: built here with its defaults")
     ap.add_argument("--previous-mission", type=Path, default=None,
                     help="mission_eval.py --json of the model being replaced on the test part (default: measured "
-                    "here on the model at --out)")
+                    "here on the model at --before)")
+    ap.add_argument("--before", type=Path, default=None,
+                    help="the artifact the card compares against (\"before\"; default: the model at --out)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     logger.setLevel(logging.INFO)
@@ -639,14 +686,18 @@ def main() -> None:
     quality["mission_gate"] = {"every_nth": MISSION_GATE_EVERY, "rows": len(gate), "int8": mission_eval.evaluate(
         [parts["test"][i] for i in gate], probs["test"][gate])["groups"]}
     quality["question_aware"] = question_aware_decision(quality["mission"]["dev"])
+    before: Path = args.before or args.out
+    if (before / MANIFEST_NAME).is_file():
+        before_hash = read_manifest(before).artifact_hash
+        quality["before"] = {"artifact_hash": before_hash, "commit": shipped_commit(before_hash)}
     if args.previous_mission is not None:
         quality["mission_previous"] = {"test": json.loads(args.previous_mission.read_text())}
-    elif (args.out / MANIFEST_NAME).is_file():
-        quality["mission_previous"] = {"test": mission(NLIEngine.from_pretrained(args.out, device="cpu"),
+    elif (before / MANIFEST_NAME).is_file():
+        quality["mission_previous"] = {"test": mission(NLIEngine.from_pretrained(before, device="cpu"),
                                                        parts["test"])}
     quality["probes"] = {"now": probe_results(engines["int8"])}
-    if (args.out / MANIFEST_NAME).is_file():
-        quality["probes"]["before"] = probe_results(NLIEngine.from_pretrained(args.out, device="cpu"))
+    if (before / MANIFEST_NAME).is_file():
+        quality["probes"]["before"] = probe_results(NLIEngine.from_pretrained(before, device="cpu"))
     logger.info("mission (test part): %s", quality["mission"]["test"]["groups"])
     others = {p: eng for p, eng in engines.items() if p != "int8"}
     quality["cpu_runs"] = [cpu_run(engines["int8"], splits, quality["gate"], "tools/default_model/ship.py", others,
