@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from fastnli.engine import NLIEngine
-from fastnli.engine.manifest import MANIFEST_NAME, read_manifest
+from fastnli.engine.manifest import MANIFEST_NAME, read_manifest, sha256_file
 from fastnli.engine.session import SessionConfig, cpu_model_name, int8_isa, u8s8_saturates
 from fastnli.exporter import export
 from fastnli.exporter.precision import INT8_RECIPE, INT8_RECIPES
@@ -187,7 +187,11 @@ def dynamic_twin(art: Path, where: Path, recipe: dict[str, Any]) -> NLIEngine:
     from fastnli.exporter.precision import to_int8
 
     shutil.copytree(art, where)
-    to_int8(art / "model_fp32.onnx", where / "model_int8.onnx", recipe)
+    graph = where / "model_int8.onnx"
+    to_int8(art / "model_fp32.onnx", graph, recipe)
+    manifest = json.loads((where / MANIFEST_NAME).read_text())  # the copy's INT8 entry describes the new graph
+    manifest["precisions"]["int8"].update(bytes=graph.stat().st_size, sha256=sha256_file(graph))
+    (where / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1))
     return NLIEngine(where, device="cpu", precision="int8")
 
 
