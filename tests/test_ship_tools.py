@@ -156,11 +156,11 @@ def test_card_rebuilds_a_two_stage_model_with_runnable_commands(tmp_path: Path) 
                        "/x/m2"], "/gone/train.jsonl", "b" * 64), "base_training": first}
     text = ship.rebuild_text(second)
     assert ("1. `python -m tools.default_model.answer_data --out /tmp/answers-1 --seed 0 --long-train 6000`, then "
-            "`python -m tools.default_model.train --epochs 1 --extra-train /tmp/answers-1/train.jsonl --out "
-            "/tmp/default-nli-1`") in text
+            "`python -m tools.default_model.train --epochs 1 --data ../shared/nli-data --extra-train "
+            "/tmp/answers-1/train.jsonl --out /tmp/default-nli-1`") in text
     assert ("2. the rows of sha256 `" + "b" * 64 + "` (their build record was not found at ship time), then "
-            "`python -m tools.default_model.train --lr 5e-5 --extra-train /tmp/answers-2/train.jsonl --out "
-            "/tmp/default-nli-2 --base /tmp/default-nli-1`") in text
+            "`python -m tools.default_model.train --lr 5e-5 --data ../shared/nli-data --extra-train "
+            "/tmp/answers-2/train.jsonl --out /tmp/default-nli-2 --base /tmp/default-nli-1`") in text
     assert text.rstrip().endswith("3. `python -m tools.default_model.ship --checkpoint /tmp/default-nli-2 --answers "
                                   "/tmp/answers-2`")
     (rows / "train.jsonl").write_text("other\n")  # the record still names the logged hash: the command stands

@@ -393,16 +393,19 @@ def rebuild_text(t: dict[str, Any]) -> str:
     stages = [*([t["base_training"]] if t.get("base_training") else []), t]
     if not all(s["data"].get("extra_train") for s in stages):
         return ""
-    steps = []
+    steps, restored = [], set()
     for i, stage in enumerate(stages, 1):
         rows_dir, out = f"/tmp/answers-{i}", f"/tmp/default-nli-{i}"
         (path, sha), = stage["data"]["extra_train"]["files"].items()
         command = answer_data.rows_command(path, sha, rows_dir)
         rows = f"`{command}`" if command else f"the rows of sha256 `{sha}` (their build record was not found at ship time)"
-        paths = ["--extra-train", f"{rows_dir}/train.jsonl", "--out", out]
+        paths = ["--data", "../shared/nli-data", "--extra-train", f"{rows_dir}/train.jsonl", "--out", out]
         if i > 1:
             paths += ["--base", f"/tmp/default-nli-{i - 1}"]
         restore, teacher = teacher_step(stage)
+        if restore in restored:  # the same teacher as an earlier stage: restored once
+            restore = ""
+        restored.add(restore)
         steps.append(f"{i}. {restore}{rows}, then `{training_command(stage['command'], paths + teacher)}`")
     return ("\nRebuild, from the repository root (every row file is the same byte for byte; its sha256 is in the "
             "training log):\n\n" + "\n".join(steps) + f"\n{len(stages) + 1}. `python -m tools.default_model.ship "
