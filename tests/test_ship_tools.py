@@ -167,6 +167,13 @@ def test_card_rebuilds_a_two_stage_model_with_runnable_commands(tmp_path: Path) 
     assert "answer_data --out /tmp/answers-1" in ship.rebuild_text(second)
     first["data"]["extra_train"]["files"] = {str(rows / "train.jsonl"): "c" * 64}  # a hash the record lacks
     assert "the rows of sha256 `" + "c" * 64 in ship.rebuild_text(second)
+    third = {**stage(["train.py", "--base", "/x/m2", "--lr", "3e-5", "--extra-train", "/gone/3.jsonl", "--out", "/x/m3"],
+                     "/gone/3.jsonl", "d" * 64), "base_training": second}
+    assert [s["command"][-1] for s in ship.training_stages(third)] == ["--resume", "/x/m2", "/x/m3"]
+    text = ship.rebuild_text(third)
+    assert "--out /tmp/default-nli-3 --base /tmp/default-nli-2`" in text and "--base /tmp/default-nli-1`" in text
+    assert text.rstrip().endswith("4. `python -m tools.default_model.ship --checkpoint /tmp/default-nli-3 --answers "
+                                  "/tmp/answers-3`")
 
 
 def test_rebuild_restores_a_teacher_from_the_commit_that_shipped_it() -> None:

@@ -390,7 +390,7 @@ def teacher_step(stage: dict[str, Any]) -> tuple[str, list[str]]:
 def rebuild_text(t: dict[str, Any]) -> str:
     """The model card's commands that rebuild the model from the shared data: for a model trained in stages
     (``--base`` a checkpoint of this tool), each stage's rows and training command, first stage first."""
-    stages = [*([t["base_training"]] if t.get("base_training") else []), t]
+    stages = training_stages(t)
     if not all(s["data"].get("extra_train") for s in stages):
         return ""
     steps, restored = [], set()
@@ -418,16 +418,28 @@ def recipe_lines(recipe: dict[str, Any]) -> str:
                      if v is not None and k != "teacher_engine")
 
 
+def training_stages(t: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stages of a training log, first first: each earlier stage is its successor's ``base_training``."""
+    stages = [t]
+    while stages[0].get("base_training"):
+        stages.insert(0, stages[0]["base_training"])
+    return stages
+
+
 def stages_text(t: dict[str, Any]) -> str:
-    """The model card's account of the first stage of a model trained in two (empty otherwise)."""
-    first = t.get("base_training")
-    if not first:
+    """The model card's account of the earlier stages of a model trained in several (empty for one stage)."""
+    stages = training_stages(t)
+    if len(stages) < 2:
         return ""
-    extra = first["data"].get("extra_train") or {}
-    return (f"Trained in two stages. Stage 1, from all-MiniLM-L6-v2: `{first['command']}` ({extra.get('rows', 0):,} "
-            f"generated rows; {first['recipe']['loss']}; best step {first['best']['step']}, "
-            f"{json.dumps(first['best']['full'])}). Stage 2 continued from the stage-1 checkpoint with the rows and "
-            "recipe below:\n\n")
+    parts = []
+    for i, stage in enumerate(stages[:-1], 1):
+        extra = stage["data"].get("extra_train") or {}
+        start = "from all-MiniLM-L6-v2" if i == 1 else f"from the stage-{i - 1} checkpoint"
+        parts.append(f"Stage {i}, {start}: `{stage['command']}` ({extra.get('rows', 0):,} generated rows; "
+                     f"{stage['recipe']['loss']}; best step {stage['best']['step']}, "
+                     f"{json.dumps(stage['best']['full'])}).")
+    return (f"Trained in {len(stages)} stages. " + " ".join(parts) + f" Stage {len(stages)} continued from the "
+            f"stage-{len(stages) - 1} checkpoint with the rows and recipe below:\n\n")
 
 
 def training_command(logged: list[str], paths: list[str]) -> str:
@@ -446,13 +458,17 @@ def training_command(logged: list[str], paths: list[str]) -> str:
 
 
 def base_training(training: dict[str, Any]) -> dict[str, Any] | None:
-    """The first stage of a model trained from a checkpoint of this tool (``--base``): that checkpoint's training
-    log, trimmed to what the model card renders; None for a model trained from the pretrained encoder."""
+    """The earlier stage of a model trained from a checkpoint of this tool (``--base``): that checkpoint's training
+    log, trimmed to what the model card renders, with its own earlier stage (``base_training``) when it has one; None
+    for a model trained from the pretrained encoder."""
     log = Path(training["args"]["base"]) / "training_log.json"
     if not training["base_model"].get("trained_by_this_tool") or not log.is_file():
         return None
     first = json.loads(log.read_text(encoding="utf-8"))
-    return {k: first[k] for k in ("command", "args", "data", "recipe", "best", "stop_reason", "timing_s")}
+    trimmed = {k: first[k] for k in ("command", "args", "data", "recipe", "best", "stop_reason", "timing_s")}
+    if earlier := base_training(first):  # a base that was itself trained from a checkpoint of this tool
+        trimmed["base_training"] = earlier
+    return trimmed
 
 
 def extra_data_text(t: dict[str, Any]) -> str:
