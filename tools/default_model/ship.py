@@ -335,7 +335,7 @@ def mission_tables(q: dict[str, Any]) -> str:
                                                  ("value_swaps", "meaning_kept", "agreement_auroc")]) + " |")
     lines += ["", "| filler words | premise words | accuracy (before / now) | entailment kept (before / now) | "
               "false entailment without the evidence (before / now) |", "|---|---|---|---|---|"]
-    for words, e in now["long"].items():
+    for words, e in sorted(now["long"].items(), key=lambda kv: int(kv[0])):  # keys are strings in quality.json
         b = (before or {}).get("long", {}).get(words, {})
         lines.append(f"| {words} | {e['premise_words']:.0f} | " + " | ".join(
             f"{b.get(k, float('nan')):.3f} / {e.get(k, float('nan')):.3f}"
