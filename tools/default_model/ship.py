@@ -338,9 +338,14 @@ def mission_tables(q: dict[str, Any]) -> str:
     for words, e in sorted(now["long"].items(), key=lambda kv: int(kv[0])):  # keys are strings in quality.json
         b = (before or {}).get("long", {}).get(words, {})
         lines.append(f"| {words} | {e['premise_words']:.0f} | " + " | ".join(
-            f"{b.get(k, float('nan')):.3f} / {e.get(k, float('nan')):.3f}"
-            for k in ("accuracy", "entailment_kept", "false_entailment")) + " |")
+            f"{_figure(b.get(k))} / {_figure(e.get(k))}" for k in ("accuracy", "entailment_kept", "false_entailment"))
+            + " |")
     return "\n".join(lines)
+
+
+def _figure(value: float | None) -> str:
+    """A share for the card's tables: three decimals, or "n/a" where nothing was measured (None or NaN)."""
+    return "n/a" if value is None or value != value else f"{value:.3f}"
 
 
 def weak_text(q: dict[str, Any]) -> str:
