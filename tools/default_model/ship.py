@@ -414,7 +414,8 @@ def rebuild_text(t: dict[str, Any]) -> str:
         steps.append(f"{i}. {restore}{rows}, then `{training_command(stage['command'], paths + teacher)}`")
     return ("\nRebuild, from the repository root (every row file is the same byte for byte; its sha256 is in the "
             "training log):\n\n" + "\n".join(steps) + f"\n{len(stages) + 1}. `python -m tools.default_model.ship "
-            f"--checkpoint /tmp/default-nli-{len(stages)} --answers /tmp/answers-{len(stages)}`\n")
+            f"--checkpoint /tmp/default-nli-{len(stages)}` (it evaluates on the answer rows of the default arguments, "
+            "as the CI gate does)\n")
 
 
 def recipe_lines(recipe: dict[str, Any]) -> str:
