@@ -115,3 +115,22 @@ def test_gpu_check_buckets() -> None:
     from bench.gpu_check import BUCKETS, BoundRunner
 
     assert [BoundRunner.bucket(n) for n in (1, 32, 33, 200, 512, 600)] == [32, 32, 64, 256, 512, BUCKETS[-1]]
+
+
+def test_long_premise_reports_support_found_and_false_support(tmp_path: Path) -> None:
+    """bench.long_premise at a small size with the embedded model: every mode and depth has its accuracy, the share
+    of entailed hypotheses found supported and the false support of the same documents without their premise."""
+    from conftest import SHARED_DATA
+
+    from bench import long_premise
+
+    assert long_premise.main(["--data", str(SHARED_DATA), "--pairs", "6", "--depths", "0,600", "--queries", "1",
+                              "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "long_premise.json").read_text())["needle"]
+    assert {(r["mode"], r["depth"]) for r in rows} == {("alone", 0)} | {
+        (m, d) for m in ("truncate", "chunk", "chunk/128") for d in (0, 600)}
+    for r in rows:
+        assert 0.0 <= r["support_found"] <= 1.0 and 0.0 <= r["accuracy"] <= 1.0
+        assert (r["false_support"] is None) == (r["mode"] == "alone")
+        assert r["false_support"] is None or 0.0 <= r["false_support"] <= 1.0
+    assert "| depth (tokens) | truncate found | truncate false |" in (tmp_path / "long_premise.md").read_text()
