@@ -63,8 +63,8 @@ def evaluate(rows: Sequence[dict[str, Any]], probs: np.ndarray) -> dict[str, Any
     categories: dict[str, dict[str, Any]] = {}
     agree_scores: dict[str, tuple[list[float], list[float]]] = {f: ([], []) for f in FORMS}
     by_cat: dict[str, list[list[int]]] = defaultdict(list)
-    for idx in pairs.values():
-        by_cat[rows[idx[0]]["category"]].append(idx)
+    for members in pairs.values():
+        by_cat[rows[members[0]]["category"]].append(members)
     for cat, pair_list in sorted(by_cat.items()):
         base, form = (cat.split("+", 1)[0], "+" + cat.split("+", 1)[1]) if "+" in cat else (cat, "")
         ij = np.array(pair_list)
