@@ -120,6 +120,11 @@ class ServeState:
         value = getattr(self.manifest, "max_length", None)
         return int(value) if isinstance(value, int) and value > 0 else 512
 
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The engine's output columns (:attr:`fastnli.NLIEngine.labels`; the 3-way order for engines without it)."""
+        return tuple(getattr(self.engine, "labels", CANONICAL_LABELS))
+
     def label_names(self) -> list[str]:
         """The checkpoint's own label name of each canonical column (contradiction, neutral, entailment)."""
         m = self.manifest
@@ -166,7 +171,7 @@ class ServeState:
         e = self.engine
         return {"model_id": self.model_id, "device": getattr(e, "device", None),
                 "precision": getattr(e, "precision", None), "providers": list(getattr(e, "providers", []) or []),
-                "labels": list(getattr(e, "labels", CANONICAL_LABELS)), "id2label": self.label_names(), "max_input_length": self.max_length}
+                "labels": list(self.labels), "id2label": self.label_names(), "max_input_length": self.max_length}
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------
@@ -321,7 +326,7 @@ def _labelled(names: Sequence[str], scores: np.ndarray) -> list[dict[str, Any]]:
 async def _nli(state: ServeState, request: Request) -> Response:
     pairs = await _parsed(state, request, lambda body: parse_pairs(body, state.config))
     probs = await _run_pairs(state, request, pairs)
-    labels = list(getattr(state.engine, "labels", CANONICAL_LABELS))
+    labels = state.labels
     results = []
     for row in probs:
         results.append({"label": labels[int(np.argmax(row))],
@@ -343,7 +348,7 @@ async def _ncp(state: ServeState, request: Request) -> Response:
         return batched, items
 
     try:
-        require_three_way(getattr(state.engine, "labels", CANONICAL_LABELS), "/v1/ncp")
+        require_three_way(state.labels, "/v1/ncp")
     except ValueError as exc:
         raise ApiError(422, str(exc)) from None
     batched, items = await _parsed(state, request, parse)
@@ -411,7 +416,7 @@ async def _grounding(state: ServeState, request: Request) -> Response:
     pairs = plan.pairs
     check_pair_count(len(pairs), "the request needs", state.config)
     probs = await _run_pairs(state, request, pairs)
-    result = finish_grounding(plan, probs, tuple(getattr(state.engine, "labels", CANONICAL_LABELS)))
+    result = finish_grounding(plan, probs, state.labels)
     return JSONResponse(result.to_dict(matrix=matrix))
 
 
