@@ -25,7 +25,7 @@ from fastnli.serve.config import ENV_VARS, ServeConfig
 __all__ = ["ApiError", "CALM_FIELDS", "CHECK_FIELDS", "GROUNDING_FIELDS", "NCP_FIELDS", "NcpItem", "PREDICT_FIELDS",
            "calm_item", "check_item_count", "check_pair_chars", "check_pair_count", "check_text", "grounding_item",
            "item_where", "ncp_item", "parse_documents", "parse_pairs", "parse_predict", "parse_tei_inputs",
-           "refuse_unknown", "require_bool", "require_list", "require_object", "require_str"]
+           "refuse_unknown", "require_bool", "require_list", "require_object", "require_str", "require_text"]
 
 #: The :class:`~fastnli.calm.checks.CheckConfig` fields a ``/v1/calm/check`` item may set.
 CHECK_FIELDS = tuple(sorted(f.name for f in fields(CheckConfig)))
@@ -118,6 +118,11 @@ def _require_typed(value: Any, hint: Any, where: str) -> None:
         require_str(value, where)
 
 
+def require_text(value: Any, where: str, config: ServeConfig) -> str:
+    """``value`` as a text field: a string (422 otherwise) that passes :func:`check_text`."""
+    return check_text(require_str(value, where), where, config)
+
+
 def check_text(text: str, where: str, config: ServeConfig) -> str:
     """413 when ``text`` is longer than ``config.max_text_chars`` characters; 422 when it cannot be encoded as UTF-8
     (a lone surrogate such as ``"\\ud800"``, which JSON escapes can carry), so it never reaches a shared engine
@@ -163,8 +168,8 @@ def _pair(item: Any, where: str, config: ServeConfig) -> tuple[str, str]:
         raise ApiError(422, f"{where} must be a [premise, hypothesis] array of two strings; got {_type(item)}")
     if len(item) != 2:
         raise ApiError(422, f"{where} must be a [premise, hypothesis] array of two strings; got {len(item)} items")
-    premise = check_text(require_str(item[0], f"{where}[0] (premise)"), f"{where}[0] (premise)", config)
-    hypothesis = check_text(require_str(item[1], f"{where}[1] (hypothesis)"), f"{where}[1] (hypothesis)", config)
+    premise = require_text(item[0], f"{where}[0] (premise)", config)
+    hypothesis = require_text(item[1], f"{where}[1] (hypothesis)", config)
     return premise, hypothesis
 
 
@@ -242,13 +247,12 @@ def ncp_item(item: Any, prefix: str, config: ServeConfig, model_question_format:
         if key not in obj:
             raise ApiError(422, f"field '{prefix}{key}' is missing; send {{\"response\": str, "
                                 "\"sampled_responses\": [str, ...]}")
-    response = check_text(require_str(obj["response"], f"field '{prefix}response'"), f"field '{prefix}response'",
-                          config)
+    response = require_text(obj["response"], f"field '{prefix}response'", config)
     samples = require_list(obj["sampled_responses"], f"field '{prefix}sampled_responses'", "strings")
     if not samples:
         raise ApiError(422, f"field '{prefix}sampled_responses' is empty; give at least one sampled response")
     for j, s in enumerate(samples):
-        check_text(require_str(s, f"{prefix}sampled_responses[{j}]"), f"{prefix}sampled_responses[{j}]", config)
+        require_text(s, f"{prefix}sampled_responses[{j}]", config)
     scorers: Any = obj.get("scorers", ["noncontradiction"])
     if isinstance(scorers, str):
         scorers = [scorers]
@@ -259,7 +263,7 @@ def ncp_item(item: Any, prefix: str, config: ServeConfig, model_question_format:
     use_best = require_bool(obj.get("use_best", False), f"field '{prefix}use_best'")
     prompt = obj.get("prompt")
     if prompt is not None:
-        prompt = check_text(require_str(prompt, f"field '{prefix}prompt'"), f"field '{prefix}prompt'", config)
+        prompt = require_text(prompt, f"field '{prefix}prompt'", config)
     question_aware = obj.get("question_aware")
     if question_aware is not None:
         question_aware = require_bool(question_aware, f"field '{prefix}question_aware'")
@@ -293,12 +297,11 @@ def calm_item(item: Any, prefix: str, config: ServeConfig) -> tuple[AnswerInput,
     if "answer" not in obj:
         raise ApiError(422, f"field '{prefix}answer' is missing; send {{\"answer\": str, \"documents\": [...], "
                             "\"verifier_answer\": str}")
-    answer = check_text(require_str(obj["answer"], f"field '{prefix}answer'"), f"field '{prefix}answer'", config)
+    answer = require_text(obj["answer"], f"field '{prefix}answer'", config)
     docs = parse_documents(obj.get("documents", []), prefix, config)
     verifier = obj.get("verifier_answer")
     if verifier is not None:
-        verifier = check_text(require_str(verifier, f"field '{prefix}verifier_answer'"),
-                              f"field '{prefix}verifier_answer'", config)
+        verifier = require_text(verifier, f"field '{prefix}verifier_answer'", config)
     cfg_raw = require_object(obj.get("config", {}), f"field '{prefix}config'")
     refuse_unknown(cfg_raw, CHECK_FIELDS, f"field '{prefix}config'")
     for key, value in cfg_raw.items():
@@ -323,12 +326,11 @@ def grounding_item(body: Any, config: ServeConfig) -> tuple[list[str], list[Docu
         raise ApiError(422, "send exactly one of field 'statements' (a list of strings) and field 'answer' (a text "
                             "split into statements)")
     if "answer" in obj:
-        answer = check_text(require_str(obj["answer"], "field 'answer'"), "field 'answer'", config)
+        answer = require_text(obj["answer"], "field 'answer'", config)
         statements = [st.text for st in split_statements(answer)]
     else:
         raw = require_list(obj["statements"], "field 'statements'", "strings")
-        statements = [check_text(require_str(x, f"field 'statements[{i}]'"), f"field 'statements[{i}]'", config)
-                      for i, x in enumerate(raw)]
+        statements = [require_text(x, f"field 'statements[{i}]'", config) for i, x in enumerate(raw)]
     docs = parse_documents(obj.get("documents"), "", config)
     if not docs:
         raise ApiError(422, "field 'documents' is empty; send at least one document")
