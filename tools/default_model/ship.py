@@ -716,17 +716,16 @@ def main() -> None:
         [parts["test"][i] for i in gate], probs["test"][gate])["groups"]}
     quality["question_aware"] = question_aware_decision(quality["mission"]["dev"])
     before: Path = args.before or args.out
-    if (before / MANIFEST_NAME).is_file():
-        before_hash = read_manifest(before).artifact_hash
-        quality["before"] = {"artifact_hash": before_hash, "commit": shipped_commit(before_hash)}
+    quality["probes"] = {"now": probe_results(engines["int8"])}
     if args.previous_mission is not None:
         quality["mission_previous"] = {"test": json.loads(args.previous_mission.read_text())}
-    elif (before / MANIFEST_NAME).is_file():
-        quality["mission_previous"] = {"test": mission(NLIEngine.from_pretrained(before, device="cpu"),
-                                                       parts["test"])}
-    quality["probes"] = {"now": probe_results(engines["int8"])}
-    if (before / MANIFEST_NAME).is_file():
-        quality["probes"]["before"] = probe_results(NLIEngine.from_pretrained(before, device="cpu"))
+    if (before / MANIFEST_NAME).is_file():  # one engine for the before columns: mission figures and probes
+        before_engine = NLIEngine.from_pretrained(before, device="cpu")
+        before_hash = before_engine.manifest.artifact_hash
+        quality["before"] = {"artifact_hash": before_hash, "commit": shipped_commit(before_hash)}
+        if args.previous_mission is None:
+            quality["mission_previous"] = {"test": mission(before_engine, parts["test"])}
+        quality["probes"]["before"] = probe_results(before_engine)
     logger.info("mission (test part): %s", quality["mission"]["test"]["groups"])
     others = {p: eng for p, eng in engines.items() if p != "int8"}
     quality["cpu_runs"] = [cpu_run(engines["int8"], splits, quality["gate"], "tools/default_model/ship.py", others,
