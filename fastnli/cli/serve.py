@@ -36,6 +36,7 @@ _HELP = {
                          "get 429 + Retry-After at once (default 0.75)",
     "initial_tokens_per_s": "engine speed assumed until measured, estimated tokens/s (default 2000)",
     "api_key": "require 'Authorization: Bearer KEY' on every route but /health and /ready (default: none)",
+    "decode_processes": "worker processes that decode request bodies over 64 KiB (default 1; 0 = a thread)",
 }
 
 
@@ -46,7 +47,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                              "max_pairs_per_request": int, "max_text_chars": int, "max_body_bytes": int,
                              "request_timeout_s": float, "retry_after_s": int, "shutdown_timeout_s": float,
                              "log_interval_s": float, "max_queue_seconds": float, "initial_tokens_per_s": float,
-                             "api_key": str}
+                             "api_key": str, "decode_processes": int}
     for f in dataclasses.fields(ServeConfig):
         p.add_argument(f"--{f.name.replace('_', '-')}", dest=f"serve_{f.name}", type=kinds[f.name], default=None,
                        metavar={"initial_tokens_per_s": "RATE"}.get(f.name, f.name.split("_")[-1].upper()),

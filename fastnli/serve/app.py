@@ -11,8 +11,9 @@ what the library computes. Request validation lives in :mod:`fastnli.serve.paylo
 Before any work a request must pass, in this order: the API key (``Authorization: Bearer``, when
 ``config.api_key`` is set; every route but ``/health`` and ``/ready``), the service state (503 while draining),
 ``Content-Type: application/json`` (415; a cross-site form or ``text/plain`` POST is refused), the body size (413)
-and its arrival within ``request_timeout_s`` (408). A body over 64 KiB is decoded and validated on a worker thread, never on the event loop, and each request's
-pair count is computed from its shape before any pair is built (413 in time linear in the body).
+and its arrival within ``request_timeout_s`` (408). A body over 64 KiB is decoded and validated in a worker process
+(:mod:`fastnli.serve.decoding`), never on the event loop, and each request's pair count is computed from its shape
+before any pair is built (413 in time linear in the body).
 
 Errors use TEI's body form ``{"error": str, "error_type": str}``: 413/415/422 ``Validation``, 401 ``Unauthorized``,
 429 ``Overloaded`` (with ``Retry-After``), 503 ``Unhealthy`` (model loading or shutting down, with ``Retry-After``),
@@ -33,12 +34,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -48,7 +49,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from fastnli.calm.checks import AnswerInput, CheckConfig, CheckPlan, check_cost, finish_checks, plan_checks
+from fastnli.calm.checks import CheckPlan, finish_checks, plan_checks
 from fastnli.calm.grounding import finish_grounding, plan_grounding
 from fastnli.engine.labels import CANONICAL_LABELS, require_three_way
 from fastnli.engine.protocol import EngineLike
@@ -56,17 +57,15 @@ from fastnli.scorers.api import score_rows
 from fastnli.scorers.questions import model_question_format
 from fastnli.serve.batcher import DynamicBatcher, Overloaded, ShuttingDown, TooLarge, WorkRate
 from fastnli.serve.config import ENV_VARS, ServeConfig
+from fastnli.serve.decoding import BodyDecoder
 from fastnli.serve.metrics import CONTENT_TYPE, ServeMetrics
 from fastnli.serve.openapi import openapi_document
 from fastnli.serve.payloads import (
     ApiError,
-    NcpItem,
-    calm_item,
-    check_item_count,
-    check_pair_chars,
+    calm_request,
     check_pair_count,
     grounding_item,
-    ncp_item,
+    ncp_request,
     parse_pairs,
     parse_predict,
 )
@@ -78,8 +77,6 @@ logger = logging.getLogger("fastnli")
 EngineFactory = Callable[[], EngineLike]
 T = TypeVar("T")
 
-#: Bodies larger than this many bytes are decoded and validated on a worker thread (a 2 MB body takes tens of ms).
-OFF_LOOP_BYTES = 64 * 1024
 #: Routes that answer without an API key (health probes).
 OPEN_ROUTES = ("health", "ready")
 
@@ -103,6 +100,8 @@ class ServeState:
     inflight: int = 0
     #: set when the shutdown grace runs out: requests still waiting answer 503 at once
     abort: asyncio.Event = field(default_factory=asyncio.Event)
+    #: decodes and validates request bodies (large ones in a worker process)
+    decoder: BodyDecoder = field(default_factory=BodyDecoder)
     _tokenizer: Any = None
     _tokenizer_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -228,23 +227,10 @@ async def _read_body(request: Request, config: ServeConfig) -> bytes:
     return b"".join(chunks)
 
 
-def _decode(body: bytes) -> Any:
-    if not body.strip():
-        raise ApiError(422, "request body is empty; send a JSON object")
-    try:
-        return json.loads(body)
-    except UnicodeDecodeError:
-        raise ApiError(422, "request body is not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise ApiError(422, f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") \
-            from None
-    except RecursionError:
-        raise ApiError(422, "request body is nested too deeply to decode; send a flat JSON object") from None
-
-
 async def _parsed(state: ServeState, request: Request, parse: Callable[[Any], T]) -> T:
-    """The request's JSON body decoded and passed through ``parse`` (validation and counting), on a worker thread
-    when the body is larger than :data:`OFF_LOOP_BYTES`."""
+    """The request's JSON body decoded and passed through ``parse`` (validation and counting) by the state's
+    :class:`~fastnli.serve.decoding.BodyDecoder`: in a worker process when the body is larger than 64 KiB.
+    ``parse`` must be picklable (a module-level function, or a :func:`functools.partial` of one)."""
     cfg = state.config
     _check_content_type(request)
     outcome, body = await _or_abort(state, _read_body(request, cfg), cfg.request_timeout_s)
@@ -253,9 +239,7 @@ async def _parsed(state: ServeState, request: Request, parse: Callable[[Any], T]
     if body is None:
         raise ApiError(408, f"the request body did not arrive within {cfg.request_timeout_s:g} s "
                             f"({ENV_VARS['request_timeout_s']})", "Timeout")
-    if len(body) > OFF_LOOP_BYTES:
-        return await asyncio.to_thread(lambda: parse(_decode(body)))
-    return parse(_decode(body))
+    return await state.decoder.parse(body, parse)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -324,7 +308,7 @@ def _labelled(names: Sequence[str], scores: np.ndarray) -> list[dict[str, Any]]:
 
 # -- endpoints --------------------------------------------------------------------------------------------------
 async def _nli(state: ServeState, request: Request) -> Response:
-    pairs = await _parsed(state, request, lambda body: parse_pairs(body, state.config))
+    pairs = await _parsed(state, request, partial(parse_pairs, config=state.config))
     probs = await _run_pairs(state, request, pairs)
     labels = state.labels
     results = []
@@ -337,20 +321,12 @@ async def _nli(state: ServeState, request: Request) -> Response:
 
 
 async def _ncp(state: ServeState, request: Request) -> Response:
-    cfg, question_format = state.config, model_question_format(state.engine)
-
-    def parse(body: Any) -> tuple[bool, list[NcpItem]]:
-        batched = isinstance(body, list)
-        raw = body if batched else [body]
-        check_item_count(len(raw), cfg)
-        items = [ncp_item(item, f"[{i}]." if batched else "", cfg, question_format) for i, item in enumerate(raw)]
-        check_pair_count(sum(it.n_pairs for it in items), "the request needs", cfg)  # before any pair is built
-        return batched, items
-
     try:
         require_three_way(state.labels, "/v1/ncp")
     except ValueError as exc:
         raise ApiError(422, str(exc)) from None
+    parse = partial(ncp_request, config=state.config,
+                    model_question_format=model_question_format(state.engine))
     batched, items = await _parsed(state, request, parse)
     plans = [it.plan() for it in items]
     probs = await _run_pairs(state, request, [pair for p in plans for pair in p.pairs])
@@ -367,20 +343,7 @@ async def _ncp(state: ServeState, request: Request) -> Response:
 
 
 async def _calm_check(state: ServeState, request: Request) -> Response:
-    cfg = state.config
-
-    def parse(body: Any) -> tuple[bool, list[tuple[AnswerInput, CheckConfig]]]:
-        batched = isinstance(body, list)
-        raw = body if batched else [body]
-        check_item_count(len(raw), cfg)
-        items = [calm_item(it, f"[{i}]." if batched else "", cfg) for i, it in enumerate(raw)]
-        # statements x verifier sentences can be quadratic in the text: counted before any pair is built
-        costs = [check_cost([answer], c) for answer, c in items]
-        check_pair_count(sum(c.pairs for c in costs), "the request needs", cfg)
-        check_pair_chars(sum(c.chars for c in costs), cfg)
-        return batched, items
-
-    batched, items = await _parsed(state, request, parse)
+    batched, items = await _parsed(state, request, partial(calm_request, config=state.config))
     _ready(state)
     max_length = state.max_length
 
@@ -407,7 +370,7 @@ async def _calm_check(state: ServeState, request: Request) -> Response:
 
 async def _grounding(state: ServeState, request: Request) -> Response:
     statements, docs, granularity, threshold, matrix = await _parsed(
-        state, request, lambda body: grounding_item(body, state.config))
+        state, request, partial(grounding_item, config=state.config))
     _ready(state)
     try:
         plan = await asyncio.to_thread(plan_grounding, statements, docs, state.engine, granularity, threshold)
@@ -421,7 +384,7 @@ async def _grounding(state: ServeState, request: Request) -> Response:
 
 
 async def _predict(state: ServeState, request: Request) -> Response:
-    pairs, batched, raw_scores, truncate = await _parsed(state, request, lambda b: parse_predict(b, state.config))
+    pairs, batched, raw_scores, truncate = await _parsed(state, request, partial(parse_predict, config=state.config))
     if not truncate:
         _ready(state)
         lengths = await asyncio.to_thread(state.untruncated_lengths, pairs)
@@ -586,7 +549,7 @@ def create_app(engine: EngineLike | EngineFactory, config: ServeConfig | None = 
     flight) the batcher stops admission and drains its queue.
     """
     cfg = config or ServeConfig()
-    state = ServeState(cfg)
+    state = ServeState(cfg, decoder=BodyDecoder(cfg.decode_processes))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -607,6 +570,7 @@ def create_app(engine: EngineLike | EngineFactory, config: ServeConfig | None = 
                 await asyncio.to_thread(loader.join, wait)
             if state.batcher is not None:
                 await asyncio.to_thread(state.batcher.close, wait)
+            state.decoder.close()
 
     def route(path: str, name: str, handler: Handler, method: str) -> Route:
         return Route(path, _endpoint(state, name, handler), methods=[method], name=name)

@@ -53,6 +53,7 @@ ENV_VARS: dict[str, str] = {
     "max_queue_seconds": "FASTNLI_MAX_QUEUE_SECONDS",
     "initial_tokens_per_s": "FASTNLI_INITIAL_TOKENS_PER_S",
     "api_key": "FASTNLI_API_KEY",
+    "decode_processes": "FASTNLI_DECODE_PROCESSES",
 }
 
 
@@ -97,6 +98,9 @@ class ServeConfig:
             second (default 2000).
         api_key: when set, every route but ``/health`` and ``/ready`` needs ``Authorization: Bearer <api_key>``
             (default None: no authentication; the value is never logged or shown by ``/info``).
+        decode_processes: worker processes that decode and validate request bodies over 64 KiB (default 1,
+            started with the first such body; 0 decodes them on a thread, where ``json.loads`` of a 2 MB body holds
+            the event loop for tens of milliseconds).
     """
 
     host: str = field(default_factory=lambda: _env("host", "127.0.0.1", str))
@@ -116,6 +120,7 @@ class ServeConfig:
     max_queue_seconds: float = field(default_factory=lambda: _env("max_queue_seconds", 0.75, float))
     initial_tokens_per_s: float = field(default_factory=lambda: _env("initial_tokens_per_s", 2000.0, float))
     api_key: str | None = field(default_factory=lambda: _env("api_key", None, str), repr=False)
+    decode_processes: int = field(default_factory=lambda: _env("decode_processes", 1, int))
 
     def __post_init__(self) -> None:
         positive = ("max_pass_pairs", "queue_size", "max_queued_pairs", "max_pairs_per_request", "max_text_chars",
@@ -124,7 +129,7 @@ class ServeConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be > 0 (set by --{name.replace('_', '-')} or "
                                  f"{ENV_VARS[name]})")
-        for name in ("max_wait_ms", "retry_after_s", "log_interval_s", "shutdown_timeout_s"):
+        for name in ("max_wait_ms", "retry_after_s", "log_interval_s", "shutdown_timeout_s", "decode_processes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0 (set by --{name.replace('_', '-')} or "
                                  f"{ENV_VARS[name]})")

@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from fastnli.calm.checks import AnswerInput, CheckConfig
+from fastnli.calm.checks import AnswerInput, CheckConfig, check_cost
 from fastnli.calm.documents import Document, as_document
 from fastnli.calm.grounding import GRANULARITIES, Granularity
 from fastnli.calm.statements import split_statements
@@ -23,8 +23,8 @@ from fastnli.scorers.questions import QUESTION_FORMAT, resolve_question_format
 from fastnli.serve.config import ENV_VARS, ServeConfig
 
 __all__ = ["ApiError", "CALM_FIELDS", "CHECK_FIELDS", "GROUNDING_FIELDS", "NCP_FIELDS", "NcpItem", "PREDICT_FIELDS",
-           "calm_item", "check_item_count", "check_pair_chars", "check_pair_count", "check_text", "grounding_item",
-           "item_where", "ncp_item", "parse_documents", "parse_pairs", "parse_predict", "parse_tei_inputs",
+           "calm_item", "calm_request", "check_item_count", "check_pair_chars", "check_pair_count", "check_text", "grounding_item",
+           "item_where", "ncp_item", "ncp_request", "parse_documents", "parse_pairs", "parse_predict", "parse_tei_inputs",
            "refuse_unknown", "require_bool", "require_list", "require_object", "require_str", "require_text"]
 
 #: The :class:`~fastnli.calm.checks.CheckConfig` fields a ``/v1/calm/check`` item may set.
@@ -51,6 +51,9 @@ class ApiError(Exception):
         self.message = message
         self.error_type = error_type
         self.headers = dict(headers or {})
+
+    def __reduce__(self) -> tuple[Any, ...]:  # a worker process's refusal travels back whole
+        return (type(self), (self.status, self.message, self.error_type, self.headers))
 
 
 def _type(value: Any) -> str:
@@ -274,6 +277,18 @@ def ncp_item(item: Any, prefix: str, config: ServeConfig, model_question_format:
     return NcpItem(where, response, samples, scorers, use_best, prompt, fmt, count_pairs([response], [samples], scorers))
 
 
+def ncp_request(body: Any, config: ServeConfig, model_question_format: str | None = None
+                ) -> tuple[bool, list[NcpItem]]:
+    """A ``/v1/ncp`` body (one item or a list of them) validated: ``(batched, items)``; the pair count of all items is
+    checked before any pair is built."""
+    batched = isinstance(body, list)
+    raw = body if batched else [body]
+    check_item_count(len(raw), config)
+    items = [ncp_item(item, f"[{i}]." if batched else "", config, model_question_format) for i, item in enumerate(raw)]
+    check_pair_count(sum(it.n_pairs for it in items), "the request needs", config)
+    return batched, items
+
+
 def parse_documents(value: Any, prefix: str, config: ServeConfig) -> list[Document]:
     """A ``documents`` field validated: strings or ``{"title", "text"}`` objects, each text within the limit."""
     docs_raw = require_list(value, f"field '{prefix}documents'", "documents (strings or {\"title\", \"text\"} objects)")
@@ -311,6 +326,20 @@ def calm_item(item: Any, prefix: str, config: ServeConfig) -> tuple[AnswerInput,
     except (TypeError, ValueError) as exc:
         raise ApiError(422, f"field '{prefix}config': {exc}") from None
     return AnswerInput(answer=answer, documents=docs, verifier_answer=verifier), check_config
+
+
+def calm_request(body: Any, config: ServeConfig) -> tuple[bool, list[tuple[AnswerInput, CheckConfig]]]:
+    """A ``/v1/calm/check`` body (one item or a list of them) validated: ``(batched, items)``. Statements x verifier
+    sentences can be quadratic in the text, so the pairs and characters the checks need are counted from the texts
+    before any pair is built."""
+    batched = isinstance(body, list)
+    raw = body if batched else [body]
+    check_item_count(len(raw), config)
+    items = [calm_item(it, f"[{i}]." if batched else "", config) for i, it in enumerate(raw)]
+    costs = [check_cost([answer], c) for answer, c in items]
+    check_pair_count(sum(c.pairs for c in costs), "the request needs", config)
+    check_pair_chars(sum(c.chars for c in costs), config)
+    return batched, items
 
 
 def grounding_item(body: Any, config: ServeConfig) -> tuple[list[str], list[Document], Granularity, float, bool]:

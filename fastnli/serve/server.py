@@ -86,7 +86,9 @@ def _bind(host: str, port: int) -> socket.socket:
 def run_server(engine: EngineLike | EngineFactory, config: ServeConfig | None = None) -> None:
     """Serve in the foreground until SIGTERM/SIGINT, then shut down gracefully (see the module docstring)."""
     cfg = config or ServeConfig()
-    server = _uvicorn_server(create_app(engine, cfg), cfg)
+    app = create_app(engine, cfg)
+    app.state.serve.decoder.start()  # the body decoder's process starts with the server, not with the first 2 MB body
+    server = _uvicorn_server(app, cfg)
     sock = _bind(cfg.host, cfg.port)
     logger.info("fastnli serve listening on http://%s:%d (config: %s)", cfg.host, sock.getsockname()[1],
                 cfg.as_dict())
