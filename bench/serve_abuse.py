@@ -17,9 +17,10 @@ request. Every phase is bounded in time and in requests. Phases, each a row of t
    request is again as fast as unloaded (within 1.5x the unloaded median + 20 ms).
 3. ``hostile``: bodies up to 2 MB (quadratic ``/v1/ncp`` and ``/v1/calm/check``, a statement citing 100 documents
    (201 pairs whose premises repeat them), deep nesting, surrogates, many
-   pairs, wrong types, malformed JSON, ``text/plain``, a 3 MB body, a slow client). For each: its status, the longest
-   ``/health`` answer while it runs (a probe thread asks every 10 ms: the event loop's stall), the server's RSS growth
-   (``/proc/PID/status``), and ``/health`` after it.
+   pairs, wrong types, malformed JSON, ``text/plain``, a 3 MB body, a slow client), and one valid 0.4 MB request
+   (48 pairs of 9,000-character premises, scored). For each: its status, the longest
+   ``/health`` answer while it runs (a probe thread asks every 10 ms: the event loop's stall), the RSS growth of the
+   server and its child processes (the body decoder; ``/proc/PID/status``), and ``/health`` after it.
 4. ``integrity``: copies of the artifact with a tampered, a truncated and an out-of-directory graph are loaded in this
    process: each must be refused.
 5. ``sigterm``: 8 closed-loop clients; SIGTERM after 2 s. Counted: requests begun before the signal that got no
@@ -97,8 +98,8 @@ class Server:
             time.sleep(0.2)
 
     def rss_mb(self) -> float:
-        text = Path(f"/proc/{self.proc.pid}/status").read_text()
-        return int(re.search(r"^VmRSS:\s+(\d+) kB", text, re.M).group(1)) / 1024  # type: ignore[union-attr]
+        """Resident memory of the server and of its child processes (the body decoder), in MB."""
+        return sum(_rss_kb(pid) for pid in _process_tree(self.proc.pid)) / 1024
 
     def metric(self, name: str, labels: str = "") -> float:
         text = request(self.port, "GET", "/metrics")[2].decode()
@@ -124,6 +125,30 @@ def pairs_of(n: int, rng: random.Random) -> list[list[str]]:
     """``n`` short distinct pairs (8-14 words premise, 4-7 words hypothesis)."""
     return [[" ".join(rng.choices(WORDS, k=rng.randint(8, 14))), " ".join(rng.choices(WORDS, k=rng.randint(4, 7)))]
             for _ in range(n)]
+
+
+def _process_tree(root: int) -> list[int]:
+    """``root`` and every process below it (from ``/proc/*/stat``'s parent ids)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    tree = [root]
+    for pid in tree:
+        tree += [child for child, parent in parents.items() if parent == pid]
+    return tree
+
+
+def _rss_kb(pid: int) -> int:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    found = re.search(r"^VmRSS:\s+(\d+) kB", text, re.M)
+    return int(found.group(1)) if found else 0
 
 
 def closed_loop(port: int, clients: int, seconds: float, max_requests: int, make: Callable[[], list[list[str]]]
@@ -238,8 +263,12 @@ def _hostile_cases() -> list[tuple[str, bytes, dict[str, str], str]]:
     many = json.dumps({"pairs": [["premise text here", "hypothesis"]] * 50_000}).encode()
     surrogates = b'{"pairs": [' + b",".join([b'["\\ud800 text", "x"]'] * 90_000) + b"]}"
     ncp_big = json.dumps({"response": "r", "sampled_responses": [f"s{i}" for i in range(180_000)]}).encode()
+    words = "The committee met again on Tuesday and approved the budget for the coming year. ".split()
+    valid = json.dumps({"pairs": [[" ".join(words[(i + j) % len(words)] for j in range(1400))[:9000],
+                                   f"The budget was approved {i}."] for i in range(48)]}).encode()
     return [
         ("ncp k=3000 (26 KB)", ncp_k, JSON, "/v1/ncp"),
+        ("valid: 48 pairs, 9,000-char premises (0.4 MB)", valid, JSON, "/v1/nli"),
         ("ncp 180k samples (2 MB)", ncp_big, JSON, "/v1/ncp"),
         ("calm 4 items (80 KB)", calm, JSON, "/v1/calm/check"),
         ("calm citing 100 documents (1 MB)", calm_cites, JSON, "/v1/calm/check"),
