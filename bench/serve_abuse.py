@@ -263,9 +263,9 @@ def _hostile_cases() -> list[tuple[str, bytes, dict[str, str], str]]:
     many = json.dumps({"pairs": [["premise text here", "hypothesis"]] * 50_000}).encode()
     surrogates = b'{"pairs": [' + b",".join([b'["\\ud800 text", "x"]'] * 90_000) + b"]}"
     ncp_big = json.dumps({"response": "r", "sampled_responses": [f"s{i}" for i in range(180_000)]}).encode()
-    words = "The committee met again on Tuesday and approved the budget for the coming year. ".split()
-    valid = json.dumps({"pairs": [[" ".join(words[(i + j) % len(words)] for j in range(1400))[:9000],
-                                   f"The budget was approved {i}."] for i in range(48)]}).encode()
+    minutes = "The committee met again on Tuesday and approved the budget for the coming year. " * 120
+    valid = json.dumps({"pairs": [[f"Meeting {i}. {minutes}"[:9000], f"The budget was approved {i}."]
+                                  for i in range(48)]}).encode()
     return [
         ("ncp k=3000 (26 KB)", ncp_k, JSON, "/v1/ncp"),
         ("valid: 48 pairs, 9,000-char premises (0.4 MB)", valid, JSON, "/v1/nli"),
