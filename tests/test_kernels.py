@@ -57,7 +57,8 @@ def _check_dedup(pairs: list[tuple[str, str]], first: np.ndarray, inverse: np.nd
     assert all(pairs.index(uniques[u]) == first[u] for u in range(len(uniques)))
 
 
-def _check_plan(plan: reference.Plan, lengths: np.ndarray, budget: int, cap: int, multiple: int) -> None:
+def _check_plan(plan: reference.Plan, lengths: np.ndarray, budget: int, cap: int, multiple: int,
+                attention: int = 0) -> None:
     n = lengths.shape[0]
     assert plan.order.dtype == plan.bounds.dtype == plan.seq_lens.dtype == np.int64
     assert sorted(plan.order.tolist()) == list(range(n))  # every unique index exactly once
@@ -75,6 +76,7 @@ def _check_plan(plan: reference.Plan, lengths: np.ndarray, budget: int, cap: int
         assert np.all(lengths[rows] <= s)
         if len(rows) > 1:  # only a lone over-long row may exceed the budget
             assert len(rows) * s <= budget and len(rows) <= cap
+            assert not attention or len(rows) * s * s <= attention
         else:
             assert len(rows) <= cap
         padded += len(rows) * s
@@ -289,10 +291,12 @@ def test_flatten_row_changed_by_index_raises() -> None:
     budget=st.integers(1, 200),
     cap=st.integers(1, 10),
     multiple=st.sampled_from([1, 2, 8]),
+    attention=st.sampled_from([0, 1, 50, 400, 3000]),
 )
-def test_plan_properties(impl: ModuleType, lengths: np.ndarray, budget: int, cap: int, multiple: int) -> None:
-    plan = impl.plan_batches(lengths, budget, cap, multiple)
-    _check_plan(plan, lengths, budget, cap, multiple)
+def test_plan_properties(impl: ModuleType, lengths: np.ndarray, budget: int, cap: int, multiple: int,
+                         attention: int) -> None:
+    plan = impl.plan_batches(lengths, budget, cap, multiple, attention)
+    _check_plan(plan, lengths, budget, cap, multiple, attention)
 
 
 @needs_compiled
@@ -302,10 +306,12 @@ def test_plan_properties(impl: ModuleType, lengths: np.ndarray, budget: int, cap
     budget=st.integers(1, 200),
     cap=st.integers(1, 10),
     multiple=st.sampled_from([1, 3, 8]),
+    attention=st.sampled_from([0, 1, 50, 400, 3000]),
 )
-def test_plan_compiled_matches_reference(lengths: np.ndarray, budget: int, cap: int, multiple: int) -> None:
-    a = reference.plan_batches(lengths, budget, cap, multiple)
-    b = _schedule.plan_batches(lengths, budget, cap, multiple)
+def test_plan_compiled_matches_reference(lengths: np.ndarray, budget: int, cap: int, multiple: int,
+                                         attention: int) -> None:
+    a = reference.plan_batches(lengths, budget, cap, multiple, attention)
+    b = _schedule.plan_batches(lengths, budget, cap, multiple, attention)
     for field in ("order", "bounds", "seq_lens"):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
     assert (a.real_tokens, a.padded_tokens) == (b.real_tokens, b.padded_tokens)
@@ -341,6 +347,15 @@ def test_plan_edge_cases(impl: ModuleType) -> None:
     # zero-length rows cost nothing and are capped by rows only
     plan = impl.plan_batches(np.zeros(5, dtype=np.int32), 1, 2)
     assert plan.bounds.tolist() == [0, 2, 4, 5] and plan.seq_lens.tolist() == [0, 0, 0]
+
+    # the attention cap (rows * seq_len ** 2) splits long rows that the token budget would batch together
+    lengths = np.array([512, 512, 512, 128, 128, 128, 128, 128, 64])
+    plan = impl.plan_batches(lengths, 4096, 64, max_batch_attention=512 * 512)
+    assert plan.bounds.tolist() == [0, 1, 2, 3, 9] and plan.seq_lens.tolist() == [512, 512, 512, 128]
+    plan = impl.plan_batches(lengths, 4096, 64, max_batch_attention=2 * 128 * 128)
+    assert plan.bounds.tolist() == [0, 1, 2, 3, 5, 7, 9] and plan.seq_lens.tolist() == [512, 512, 512, 128, 128, 128]
+    with pytest.raises(ValueError, match="max_batch_attention must be >= 0, got -1"):
+        impl.plan_batches(lengths, 4096, 64, max_batch_attention=-1)
 
 
 @needs_compiled

@@ -26,14 +26,17 @@ class BatchPolicy:
             gets a batch of its own.
         max_batch_size: cap on rows per batch.
         pad_multiple: the padded length is rounded up to a multiple of this (8 suits GPU tensor cores).
+        max_batch_attention: cap on ``rows × padded length²`` of one batch (attention scores per head), which bounds
+            the memory of a batch of long rows; 0 means no cap.
     """
 
     max_batch_tokens: int = 4096
     max_batch_size: int = 64
     pad_multiple: int = 1
+    max_batch_attention: int = 0
 
 
-CPU_POLICY = BatchPolicy(max_batch_tokens=4096, max_batch_size=64, pad_multiple=1)
+CPU_POLICY = BatchPolicy(max_batch_tokens=4096, max_batch_size=64, pad_multiple=1, max_batch_attention=512 * 512)
 CUDA_POLICY = BatchPolicy(max_batch_tokens=32768, max_batch_size=512, pad_multiple=8)
 
 
@@ -82,7 +85,8 @@ def score_unique(
     runs = [run] if callable(run) else list(run)
     want_types = "token_type_ids" in input_names
     flat, offsets, flat_types = tokenizer.encode(premises, hypotheses, with_type_ids=want_types)
-    plan = plan_batches(np.diff(offsets), policy.max_batch_tokens, policy.max_batch_size, policy.pad_multiple)
+    plan = plan_batches(np.diff(offsets), policy.max_batch_tokens, policy.max_batch_size, policy.pad_multiple,
+                        policy.max_batch_attention)
     cols = np.asarray(columns, dtype=np.int64)
     lock = threading.Lock()
 

@@ -306,6 +306,7 @@ cdef Py_ssize_t _greedy_batches(
     int64_t max_batch_tokens,     # IN  >= 1
     int64_t max_batch_size,       # IN  >= 1
     int64_t pad_multiple,         # IN  >= 1
+    int64_t max_batch_attention,  # IN  >= 0 (0: no cap)
     int64_t[::1] bounds,          # OUT (U+1,) bounds[:B+1] used
     int64_t[::1] seq_lens,        # OUT (U,) seq_lens[:B] used
     int64_t* padded_tokens,       # OUT sum of rows * seq_len
@@ -322,6 +323,8 @@ cdef Py_ssize_t _greedy_batches(
         rows = max_batch_size if seq_len == 0 else max_batch_tokens // seq_len
         if rows > max_batch_size:
             rows = max_batch_size
+        if max_batch_attention > 0 and seq_len > 0 and rows > max_batch_attention // (seq_len * seq_len):
+            rows = max_batch_attention // (seq_len * seq_len)
         if rows < 1:  # a single over-long row: a batch of its own
             rows = 1
         if rows > n - i:
@@ -539,18 +542,22 @@ cdef bint _is_fast_array(object row):
     return kind == "i" or (kind == "u" and row.dtype.itemsize < 8)
 
 
-def plan_batches(lengths, max_batch_tokens, max_batch_size, pad_multiple=1) -> Plan:
+def plan_batches(lengths, max_batch_tokens, max_batch_size, pad_multiple=1, max_batch_attention=0) -> Plan:
     """Plan length-sorted batches under a token budget and a row cap.
 
     Rows are taken longest first (ties by index). A batch's ``seq_len`` is its first (longest) row rounded up to
-    ``pad_multiple``; rows are added while ``(rows + 1) * seq_len <= max_batch_tokens`` and
-    ``rows + 1 <= max_batch_size``. A row whose padded length alone exceeds the budget gets a batch of its own.
+    ``pad_multiple``; rows are added while ``(rows + 1) * seq_len <= max_batch_tokens``,
+    ``rows + 1 <= max_batch_size`` and, when ``max_batch_attention > 0``,
+    ``(rows + 1) * seq_len ** 2 <= max_batch_attention``. A row whose padded length alone exceeds a budget gets a batch
+    of its own.
 
     Args:
         lengths: int ``(U,)``: token count of each unique row, ``>= 0``.
         max_batch_tokens: padded tokens per batch (``rows * seq_len``), ``>= 1``.
         max_batch_size: rows per batch, ``>= 1``.
         pad_multiple: round each batch's ``seq_len`` up to a multiple of this (default 1: no rounding).
+        max_batch_attention: attention scores per head per batch (``rows * seq_len ** 2``), which bound the memory
+            of a batch of long rows (default 0: no cap).
 
     Raises:
         TypeError: ``lengths`` is not integral, or a budget is not an int.
@@ -560,6 +567,7 @@ def plan_batches(lengths, max_batch_tokens, max_batch_size, pad_multiple=1) -> P
     cdef int64_t budget = _as_count(max_batch_tokens, "max_batch_tokens", 1)
     cdef int64_t cap = _as_count(max_batch_size, "max_batch_size", 1)
     cdef int64_t multiple = _as_count(pad_multiple, "pad_multiple", 1)
+    cdef int64_t attention = _as_count(max_batch_attention, "max_batch_attention", 0)
     cdef Py_ssize_t n = lens.shape[0]
     cdef int64_t max_len = int(lens.max()) if n else 0
     cdef int64_t padded = 0
@@ -581,7 +589,8 @@ def plan_batches(lengths, max_batch_tokens, max_batch_size, pad_multiple=1) -> P
     cdef int64_t[::1] bounds_v = bounds
     cdef int64_t[::1] seq_lens_v = seq_lens
     with nogil:
-        n_batches = _greedy_batches(lens_v, order_v, budget, cap, multiple, bounds_v, seq_lens_v, &padded)
+        n_batches = _greedy_batches(lens_v, order_v, budget, cap, multiple, attention, bounds_v, seq_lens_v,
+                                    &padded)
     return Plan(
         order=order,
         bounds=bounds[: n_batches + 1].copy(),

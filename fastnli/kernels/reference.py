@@ -270,18 +270,23 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def plan_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, pad_multiple: int = 1) -> Plan:
+def plan_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, pad_multiple: int = 1,
+                 max_batch_attention: int = 0) -> Plan:
     """Plan length-sorted batches under a token budget and a row cap.
 
     Rows are taken longest first (ties by index). A batch's ``seq_len`` is its first (longest) row rounded up to
-    ``pad_multiple``; rows are added while ``(rows + 1) * seq_len <= max_batch_tokens`` and
-    ``rows + 1 <= max_batch_size``. A row whose padded length alone exceeds the budget gets a batch of its own.
+    ``pad_multiple``; rows are added while ``(rows + 1) * seq_len <= max_batch_tokens``,
+    ``rows + 1 <= max_batch_size`` and, when ``max_batch_attention > 0``,
+    ``(rows + 1) * seq_len ** 2 <= max_batch_attention``. A row whose padded length alone exceeds a budget gets a batch
+    of its own.
 
     Args:
         lengths: int ``(U,)``: token count of each unique row, ``>= 0``.
         max_batch_tokens: padded tokens per batch (``rows * seq_len``), ``>= 1``.
         max_batch_size: rows per batch, ``>= 1``.
         pad_multiple: round each batch's ``seq_len`` up to a multiple of this (default 1: no rounding).
+        max_batch_attention: attention scores per head per batch (``rows * seq_len ** 2``), which bound the memory
+            of a batch of long rows (default 0: no cap).
 
     Raises:
         TypeError: ``lengths`` is not integral, or a budget is not an int.
@@ -291,6 +296,7 @@ def plan_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int
     budget = _as_count(max_batch_tokens, "max_batch_tokens", 1)
     cap = _as_count(max_batch_size, "max_batch_size", 1)
     multiple = _as_count(pad_multiple, "pad_multiple", 1)
+    attention = _as_count(max_batch_attention, "max_batch_attention", 0)
     n = lens.shape[0]
     order = np.argsort(-lens, kind="stable").astype(np.int64)
     bounds = [0]
@@ -300,7 +306,8 @@ def plan_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int
     while i < n:
         seq_len = _round_up(int(lens[order[i]]), multiple)
         rows = 1
-        while i + rows < n and (rows + 1) * seq_len <= budget and rows + 1 <= cap:
+        while (i + rows < n and (rows + 1) * seq_len <= budget and rows + 1 <= cap
+               and (not attention or (rows + 1) * seq_len * seq_len <= attention)):
             rows += 1
         i += rows
         bounds.append(i)
