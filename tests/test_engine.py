@@ -514,6 +514,31 @@ def test_an_error_in_one_stream_is_raised(art_v1: Path) -> None:
         eng.predict(_many_pairs())
 
 
+def test_warm_up_runs_the_largest_full_length_batch_on_every_stream(art_v1: Path) -> None:
+    """``warm_up`` feeds each stream once with the largest batch the policy forms at the model maximum (the attention
+    cap of the CPU policy makes that one row); the results of later calls do not change."""
+    from fastnli.engine import BatchPolicy, SessionConfig
+
+    pairs = _many_pairs()
+    cold = NLIEngine(art_v1, device="cpu", precision="fp32", session_config=SessionConfig(streams=1))
+    expected = cold.predict(pairs)
+    for policy, rows in ((None, 1), (BatchPolicy(4 * 512, 8), 4), (BatchPolicy(4 * 512, 8, 1, 2 * 512 * 512), 2)):
+        eng = NLIEngine(art_v1, device="cpu", precision="fp32", batch_policy=policy,
+                        session_config=SessionConfig(streams=2, intra_op_threads=1))
+        shapes: list[tuple[str, tuple[int, ...]]] = []
+        for k, session in enumerate(eng._sessions):
+            def spy(names: Any, feed: dict[str, np.ndarray], real: Any = session.run, k: int = k,
+                    shapes: list[tuple[str, tuple[int, ...]]] = shapes) -> Any:
+                shapes.extend((f"{k}:{name}", v.shape) for name, v in feed.items())
+                return real(names, feed)
+
+            session.run = spy
+        assert eng.warm_up() > 0
+        n = eng.max_length
+        assert sorted(shapes) == sorted((f"{k}:{name}", (rows, n)) for k in range(2) for name in eng._input_names)
+        np.testing.assert_allclose(eng.predict(pairs), expected, rtol=0, atol=1e-6)
+
+
 def test_cpu_sessions_leave_out_the_slow_rewrites(art_v1: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """CPU sessions are built without ``SkipLayerNormFusion`` (slower on CPU in ORT 1.31); CUDA keeps every rewrite;
     a config can give its own list."""

@@ -602,6 +602,24 @@ class NLIEngine:
         plan = self.window_planner.plan([premise], [hypothesis], "chunk")
         return plan.windows(0)
 
+    def warm_up(self) -> float:
+        """Run the largest batch the batch policy forms at the model's maximum length (CPU: one 512-token row;
+        CUDA: 64) through every stream, so each ORT session holds its working memory before the first call: a long
+        request then adds no memory, and a machine short of it fails here rather than under traffic. The rows are
+        padding tokens under a full attention mask; nothing is returned or cached. Returns the seconds it took."""
+        t0 = time.perf_counter()
+        n, policy = self.max_length, self.batch_policy
+        rows = min(policy.max_batch_size, max(1, policy.max_batch_tokens // n))
+        if policy.max_batch_attention:
+            rows = min(rows, max(1, policy.max_batch_attention // (n * n)))
+        feed = {"input_ids": np.full((rows, n), self.manifest.pad_token_id, dtype=np.int64),
+                "attention_mask": np.ones((rows, n), dtype=np.int64),
+                "token_type_ids": np.zeros((rows, n), dtype=np.int64)}
+        feed = {k: v for k, v in feed.items() if k in self._input_names}
+        for run in self._runs():
+            run(feed)
+        return time.perf_counter() - t0
+
     def token_lengths(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         """Token count of each pair as the engine encodes it (special tokens included, after truncation)."""
         premises, hypotheses, _ = _validate_pairs(list(pairs))

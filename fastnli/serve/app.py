@@ -520,6 +520,9 @@ def _load(state: ServeState, factory: EngineFactory) -> None:
 
 def _attach(state: ServeState, engine: EngineLike) -> None:
     cfg = state.config
+    warm_up = getattr(engine, "warm_up", None)
+    if callable(warm_up):  # the engine's working memory is claimed now, not by the first long request
+        logger.info("engine warmed up with a full-length batch per stream in %.2f s", warm_up())
     state.engine = engine
     model_max = getattr(getattr(engine, "manifest", None), "max_length", 512)
     batcher = DynamicBatcher(engine, max_wait_ms=cfg.max_wait_ms, max_pass_pairs=cfg.max_pass_pairs,
