@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import types
 import typing
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from fastnli.calm.checks import AnswerInput, CheckConfig, check_cost
 from fastnli.calm.documents import Document, as_document
@@ -26,6 +26,8 @@ __all__ = ["ApiError", "CALM_FIELDS", "CHECK_FIELDS", "GROUNDING_FIELDS", "NCP_F
            "calm_item", "calm_request", "check_item_count", "check_pair_chars", "check_pair_count", "check_text", "grounding_item",
            "item_where", "ncp_item", "ncp_request", "parse_documents", "parse_pairs", "parse_predict", "parse_tei_inputs",
            "refuse_unknown", "require_bool", "require_list", "require_object", "require_str", "require_text"]
+
+T = TypeVar("T")
 
 #: The :class:`~fastnli.calm.checks.CheckConfig` fields a ``/v1/calm/check`` item may set.
 CHECK_FIELDS = tuple(sorted(f.name for f in fields(CheckConfig)))
@@ -277,14 +279,20 @@ def ncp_item(item: Any, prefix: str, config: ServeConfig, model_question_format:
     return NcpItem(where, response, samples, scorers, use_best, prompt, fmt, count_pairs([response], [samples], scorers))
 
 
+def _items(body: Any, config: ServeConfig, parse_item: Callable[[Any, str], T]) -> tuple[bool, list[T]]:
+    """``(batched, items)`` of a body that is one item or a list of them (at most ``max_pairs_per_request``), each
+    parsed by ``parse_item(item, prefix)``, the prefix ``"[i]."`` naming its place in a list."""
+    batched = isinstance(body, list)
+    raw = body if batched else [body]
+    check_item_count(len(raw), config)
+    return batched, [parse_item(item, f"[{i}]." if batched else "") for i, item in enumerate(raw)]
+
+
 def ncp_request(body: Any, config: ServeConfig, model_question_format: str | None = None
                 ) -> tuple[bool, list[NcpItem]]:
     """A ``/v1/ncp`` body (one item or a list of them) validated: ``(batched, items)``; the pair count of all items is
     checked before any pair is built."""
-    batched = isinstance(body, list)
-    raw = body if batched else [body]
-    check_item_count(len(raw), config)
-    items = [ncp_item(item, f"[{i}]." if batched else "", config, model_question_format) for i, item in enumerate(raw)]
+    batched, items = _items(body, config, lambda item, prefix: ncp_item(item, prefix, config, model_question_format))
     check_pair_count(sum(it.n_pairs for it in items), "the request needs", config)
     return batched, items
 
@@ -332,10 +340,7 @@ def calm_request(body: Any, config: ServeConfig) -> tuple[bool, list[tuple[Answe
     """A ``/v1/calm/check`` body (one item or a list of them) validated: ``(batched, items)``. Statements x verifier
     sentences can be quadratic in the text, so the pairs and characters the checks need are counted from the texts
     before any pair is built."""
-    batched = isinstance(body, list)
-    raw = body if batched else [body]
-    check_item_count(len(raw), config)
-    items = [calm_item(it, f"[{i}]." if batched else "", config) for i, it in enumerate(raw)]
+    batched, items = _items(body, config, lambda item, prefix: calm_item(item, prefix, config))
     costs = [check_cost([answer], c) for answer, c in items]
     check_pair_count(sum(c.pairs for c in costs), "the request needs", config)
     check_pair_chars(sum(c.chars for c in costs), config)
