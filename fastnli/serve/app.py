@@ -100,10 +100,13 @@ class ServeState:
     inflight: int = 0
     #: set when the shutdown grace runs out: requests still waiting answer 503 at once
     abort: asyncio.Event = field(default_factory=asyncio.Event)
-    #: decodes and validates request bodies (large ones in a worker process)
-    decoder: BodyDecoder = field(default_factory=BodyDecoder)
+    #: decodes and validates request bodies (large ones in ``config.decode_processes`` worker processes)
+    decoder: BodyDecoder = field(init=False)
     _tokenizer: Any = None
     _tokenizer_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.decoder = BodyDecoder(self.config.decode_processes)
 
     # -- engine facts -------------------------------------------------------------------------------------------
     @property
@@ -552,7 +555,7 @@ def create_app(engine: EngineLike | EngineFactory, config: ServeConfig | None = 
     flight) the batcher stops admission and drains its queue.
     """
     cfg = config or ServeConfig()
-    state = ServeState(cfg, decoder=BodyDecoder(cfg.decode_processes))
+    state = ServeState(cfg)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -99,8 +99,8 @@ class ServeConfig:
         api_key: when set, every route but ``/health`` and ``/ready`` needs ``Authorization: Bearer <api_key>``
             (default None: no authentication; the value is never logged or shown by ``/info``).
         decode_processes: worker processes that decode and validate request bodies over 64 KiB (default 1,
-            started with the first such body; 0 decodes them on a thread, where ``json.loads`` of a 2 MB body holds
-            the event loop for tens of milliseconds).
+            started with ``fastnli serve``, or by the first such body of an app made with ``create_app``; 0 decodes
+            them on a thread, where ``json.loads`` of a 2 MB body holds the event loop for tens of milliseconds).
     """
 
     host: str = field(default_factory=lambda: _env("host", "127.0.0.1", str))
