@@ -44,7 +44,7 @@ from fastnli.engine.session import (
 )
 from fastnli.engine.tokenize import PairTokenizer
 from fastnli.engine.windows import LongPremise, WindowPlanner, WindowPolicy, check_long_premise
-from fastnli.kernels import dedup_pairs, scatter_rows
+from fastnli.kernels import dedup_pairs, plan_batches, scatter_rows
 
 logger = logging.getLogger("fastnli")
 
@@ -608,10 +608,10 @@ class NLIEngine:
         request then adds no memory, and a machine short of it fails here rather than under traffic. The rows are
         padding tokens under a full attention mask; nothing is returned or cached. Returns the seconds it took."""
         t0 = time.perf_counter()
-        n, policy = self.max_length, self.batch_policy
-        rows = min(policy.max_batch_size, max(1, policy.max_batch_tokens // n))
-        if policy.max_batch_attention:
-            rows = min(rows, max(1, policy.max_batch_attention // (n * n)))
+        policy = self.batch_policy
+        plan = plan_batches(np.full(policy.max_batch_size, self.max_length), policy.max_batch_tokens,
+                            policy.max_batch_size, policy.pad_multiple, policy.max_batch_attention)
+        rows, n = int(plan.bounds[1]), int(plan.seq_lens[0])  # the scheduler's first (largest) batch
         feed = {"input_ids": np.full((rows, n), self.manifest.pad_token_id, dtype=np.int64),
                 "attention_mask": np.ones((rows, n), dtype=np.int64),
                 "token_type_ids": np.zeros((rows, n), dtype=np.int64)}
