@@ -287,7 +287,8 @@ BAD_REQUESTS = [
      "'text': ...}"),
     ("/v1/calm/check", {"answer": "a", "config": {"threshold": 0.5}}, 422,
      "field 'config' has unknown fields ['threshold']; allowed: accept_share, check_citations, "
-     "contradiction_threshold, entailment_rule, entailment_threshold, long_premise, min_citation_recall"),
+     "contradiction_threshold, entailment_rule, entailment_threshold, long_premise, min_citation_recall, "
+     "window_entailment_threshold"),
     ("/v1/calm/check", {"answer": "a", "config": {"long_premise": "cut"}}, 422,
      "field 'config': long_premise='cut' is not supported; use 'chunk' (read a long premise in windows) or "
      "'truncate' (cut the pair to the model limit)"),
@@ -300,7 +301,7 @@ BAD_REQUESTS = [
     ("/v1/grounding", {"statements": ["s"], "documents": ["d"], "granularity": "page"}, 422,
      "field 'granularity' is 'page'; use \"window\" or \"sentence\""),
     ("/v1/grounding", {"statements": ["s"], "documents": ["d"], "threshold": True}, 422,
-     "field 'threshold' is True; send a number within [0, 1]"),
+     "field 'threshold' is True; send a number within [0, 1] (or null: the model's default)"),
     ("/v1/grounding", {"statements": ["s"] * 70, "documents": ["d"]}, 413,
      "the request needs at least 70 NLI pairs; the limit is 64 per request (FASTNLI_MAX_PAIRS_PER_REQUEST); split the request"),
     ("/v1/calm/check", {"answer": "a", "config": {"accept_share": 2}}, 422,

@@ -70,7 +70,8 @@ def alce_citations(answers: Sequence[str], documents: Sequence[Sequence[Any]], e
         answers: answers with ALCE citation markers (``[1][2]``).
         documents: per answer, the documents its citations number from 1 (strings or ``{"title", "text"}`` dicts).
         engine: the NLI engine (default None: :func:`~fastnli.engine.default_engine`, the embedded default model).
-        config: the entailment rule (default :class:`CheckConfig()`: ``P(entailment) > 0.5``).
+        config: the entailment rule (default :class:`CheckConfig()`: ``P(entailment) > 0.5``, and above the engine's
+            window threshold for cited documents read in windows, :meth:`CheckConfig.for_engine`).
 
     Raises:
         TypeError / ValueError: naming the index of a bad answer or document.

@@ -7,8 +7,11 @@ probabilities back by index. Probabilities are ``(contradiction, neutral, entail
 :func:`finish_checks` reads the checks back from their probabilities.
 
 **Entailment decision** (:class:`CheckConfig`): with ``entailment_rule="threshold"`` (default) a premise entails a
-hypothesis when ``P(entailment) > entailment_threshold`` (default 0.5); with ``"argmax"`` when entailment is the most
-probable label.
+hypothesis when ``P(entailment) > entailment_threshold`` (default 0.5), and a premise read in windows when its best
+window's ``P(entailment) > window_entailment_threshold`` (default: the engine's
+:attr:`~fastnli.engine.windows.WindowPolicy.entailment_threshold`, which the embedded default model's manifest names,
+else ``entailment_threshold``: the max over many windows runs high on unrelated text); with ``"argmax"`` when entailment
+is the most probable label.
 
 **(a) Corroboration** (SummaC-style statement × sentence matrix, only when a verifier answer is given): every
 statement of the main answer (hypothesis) against every sentence of the verifier answer (premise).
@@ -51,7 +54,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -77,6 +80,9 @@ class CheckConfig:
     Attributes:
         entailment_rule: ``"threshold"`` (default: ``P(entailment) > entailment_threshold``) or ``"argmax"``.
         entailment_threshold: default 0.5; used by the threshold rule.
+        window_entailment_threshold: the threshold rule's bar for a premise read in windows (default None: the
+            engine's window policy's :attr:`~fastnli.engine.windows.WindowPolicy.entailment_threshold` once the
+            plan is expanded with the engine, else ``entailment_threshold``).
         contradiction_threshold: a statement is contradicted when some verifier sentence gives
             ``P(contradiction) >`` this (default 0.5).
         accept_share: least share of corroborated statements for acceptance (default 0.8).
@@ -87,6 +93,7 @@ class CheckConfig:
 
     entailment_rule: Literal["threshold", "argmax"] = "threshold"
     entailment_threshold: float = 0.5
+    window_entailment_threshold: float | None = None
     contradiction_threshold: float = 0.5
     accept_share: float = 0.8
     min_citation_recall: float | None = None
@@ -101,14 +108,27 @@ class CheckConfig:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name}={value} must be within [0, 1]")
-        if self.min_citation_recall is not None and not 0.0 <= self.min_citation_recall <= 1.0:
-            raise ValueError(f"min_citation_recall={self.min_citation_recall} must be within [0, 1] (or None)")
+        for name in ("min_citation_recall", "window_entailment_threshold"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name}={value} must be within [0, 1] (or None)")
 
-    def entails(self, probs: np.ndarray) -> bool:
-        """The entailment decision for one probability row, entailment last (3-way or 2-way head)."""
+    def for_engine(self, engine: Any) -> CheckConfig:
+        """This config with ``window_entailment_threshold`` taken from ``engine``'s window policy when it is None
+        and the policy names one (an engine without a ``window_planner`` changes nothing)."""
+        policy = getattr(getattr(engine, "window_planner", None), "policy", None)
+        bar = getattr(policy, "entailment_threshold", None)
+        if self.window_entailment_threshold is not None or bar is None:
+            return self
+        return replace(self, window_entailment_threshold=bar)
+
+    def entails(self, probs: np.ndarray, windowed: bool = False) -> bool:
+        """The entailment decision for one probability row, entailment last (3-way or 2-way head); ``windowed``:
+        the row is the best window's of a premise read in windows."""
         if self.entailment_rule == "argmax":
             return int(np.argmax(probs)) == len(probs) - 1
-        return float(probs[ENTAILMENT_COLUMN]) > self.entailment_threshold
+        bar = self.window_entailment_threshold if windowed else None
+        return float(probs[ENTAILMENT_COLUMN]) > (self.entailment_threshold if bar is None else bar)
 
 
 @dataclass
@@ -456,7 +476,7 @@ def _finish_answer(ap: _AnswerPlan, probs: np.ndarray, best_window: np.ndarray, 
                 best = int(np.argmax(P[:, ENTAILMENT_COLUMN]))
                 sc.corroboration = float(P[best, ENTAILMENT_COLUMN])
                 sc.contradiction = float(P[:, CONTRADICTION].max()) if three_way else None
-                sc.corroborated = any(config.entails(row) for row in P)
+                sc.corroborated = any(config.entails(probs[r], chunked[r]) for r in sp.corroboration)
                 sc.best_sentence = best
             else:
                 sc.corroboration, sc.corroborated = 0.0, False
@@ -466,13 +486,13 @@ def _finish_answer(ap: _AnswerPlan, probs: np.ndarray, best_window: np.ndarray, 
         if sp.joint is not None:
             sc.citation_entailment = float(probs[sp.joint, ENTAILMENT_COLUMN])
             sc.citation_window = int(best_window[sp.joint]) if best_window[sp.joint] >= 0 else None
-            sc.supported = config.entails(probs[sp.joint])
+            sc.supported = config.entails(probs[sp.joint], chunked[sp.joint])
             if not sc.supported:
                 sc.relevant_citations = [False] * len(st.citations)
             elif len(st.citations) == 1:
                 sc.relevant_citations = [True]
             else:
-                sc.relevant_citations = [config.entails(probs[s]) or not config.entails(probs[r])
+                sc.relevant_citations = [config.entails(probs[s], chunked[s]) or not config.entails(probs[r], chunked[r])
                                          for s, r in zip(sp.single, sp.rest)]
         else:
             sc.relevant_citations = [False] * len(st.citations)
@@ -545,8 +565,10 @@ class CheckPlan:
         return self.pair_plan.max_length
 
     def expand(self, engine: Any) -> CheckPlan:
-        """Measure the pairs with ``engine``'s tokenizer and cut long premises (``config.long_premise``); returns
-        self. An engine without a tokenizer (a stub) leaves the pairs whole."""
+        """Measure the pairs with ``engine``'s tokenizer and cut long premises (``config.long_premise``), and take
+        the engine's window threshold into the config (:meth:`CheckConfig.for_engine`); returns self. An engine
+        without a tokenizer (a stub) leaves the pairs whole."""
+        self.config = self.config.for_engine(engine)
         self.pair_plan.expand(engine, self.config.long_premise)
         return self
 
@@ -587,12 +609,13 @@ def check_answers(answers: Sequence[AnswerInput], engine: EngineLike, config: Ch
     Args:
         answers: the answers, each with its documents and optionally a verifier answer.
         engine: an :class:`~fastnli.NLIEngine` (or anything with ``predict_with_stats(pairs)``).
-        config: decision rules (default :class:`CheckConfig()`).
+        config: decision rules (default :class:`CheckConfig()`; a ``window_entailment_threshold`` of None takes the
+            engine's, :meth:`CheckConfig.for_engine`).
 
     Returns:
         ``(checks, stats)``: one :class:`AnswerCheck` per answer in input order, and the engine's ``CallStats`` of
         the pass (None when no pair was needed and the engine was not called).
     """
-    plan = plan_checks(answers, config, engine_max_length(engine))
+    plan = plan_checks(answers, (config or CheckConfig()).for_engine(engine), engine_max_length(engine))
     rows, best, stats = plan.pair_plan.run(engine, plan.config.long_premise)
     return _finish(plan, rows, best), stats

@@ -13,8 +13,10 @@ max-over-sources aggregate, from one engine pass.
 contradiction planes:
 
 - ``entailment[s] = max_u e[s, u]`` with ``best_source[s]`` its argmax (the first on ties) and ``contradiction[s] =
-  c[s, best_source[s]]``, the rule of ``long_premise="chunk"``; ``supported[s] = entailment[s] > threshold``
-  (default 0.5); ``score = mean_s entailment[s]`` (the aggregate).
+  c[s, best_source[s]]``, the rule of ``long_premise="chunk"``; ``supported[s] = entailment[s] > threshold``;
+  ``score = mean_s entailment[s]`` (the aggregate). The default threshold is 0.5 for documents read as one source
+  and the engine's window threshold (:attr:`~fastnli.engine.windows.WindowPolicy.entailment_threshold`, which the
+  embedded default model's manifest names; else 0.5) for several, since the max over many sources runs high on unrelated text.
 - SummaC-ZS (Laban et al., 2022): ``summac_zs[s] = max_u (e[s, u] - c[s, u])`` and ``summac = mean_s summac_zs[s]``.
   It needs P(contradiction): with a 2-way head (not_entailment, entailment) both are None and ``contradiction`` too.
 
@@ -42,6 +44,8 @@ __all__ = ["GroundingPlan", "GroundingResult", "finish_grounding", "grounding", 
 
 Granularity = Literal["window", "sentence"]
 GRANULARITIES: tuple[str, ...] = ("window", "sentence")
+#: ``supported``'s threshold for documents read as one source (and for several when the engine names none)
+DEFAULT_THRESHOLD = 0.5
 
 
 @dataclass
@@ -135,11 +139,18 @@ def _statements(statements: str | Sequence[str]) -> list[str]:
 def _window_budget(engine: Any, statements: list[str]) -> int:
     planner = engine.window_planner
     longest = max(len(e.ids) for e in planner.tokenizer.encode_texts(statements)) if statements else 0
-    return max(planner.max_length - planner.special - longest, planner.policy.min_window_tokens)
+    return max(planner.budget(longest), planner.policy.min_window_tokens)
+
+
+def _default_threshold(engine: Any, n_sources: int) -> float:
+    """0.5 for one source; for several, the engine's window policy threshold when it names one (else 0.5)."""
+    policy = getattr(getattr(engine, "window_planner", None), "policy", None)
+    bar = getattr(policy, "entailment_threshold", None) if n_sources > 1 else None
+    return DEFAULT_THRESHOLD if bar is None else float(bar)
 
 
 def plan_grounding(statements: str | Sequence[str], documents: Sequence[Any], engine: Any,
-                   granularity: Granularity = "window", threshold: float = 0.5) -> GroundingPlan:
+                   granularity: Granularity = "window", threshold: float | None = None) -> GroundingPlan:
     """The sources and pairs of :func:`grounding` (arguments as there), without running the engine.
 
     Raises:
@@ -149,8 +160,8 @@ def plan_grounding(statements: str | Sequence[str], documents: Sequence[Any], en
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity={granularity!r} is not supported; use 'window' (documents in windows that "
                          "fit the model) or 'sentence' (one source per document sentence)")
-    if not 0.0 <= threshold <= 1.0:
-        raise ValueError(f"threshold={threshold} must be within [0, 1]")
+    if threshold is not None and not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"threshold={threshold} must be within [0, 1] (or None: the default)")
     texts = _statements(statements)
     docs: list[Document] = as_documents(documents, "documents")
     sources: list[str] = []
@@ -171,6 +182,8 @@ def plan_grounding(statements: str | Sequence[str], documents: Sequence[Any], en
             owners.extend([j] * len(spans))
     if not sources:
         raise ValueError("documents hold no text to ground statements in (every document is empty)")
+    if threshold is None:
+        threshold = _default_threshold(engine, len(sources))
     return GroundingPlan(texts, sources, owners, granularity, threshold)
 
 
@@ -210,7 +223,7 @@ def finish_grounding(plan: GroundingPlan, probs: np.ndarray, labels: Sequence[st
 
 
 def grounding(statements: str | Sequence[str], documents: Sequence[Any], engine: EngineLike | None = None,
-              granularity: Granularity = "window", threshold: float = 0.5) -> GroundingResult:
+              granularity: Granularity = "window", threshold: float | None = None) -> GroundingResult:
     """How well ``statements`` are grounded in ``documents``: the (statement × source) NLI matrix, SummaC-ZS and
     the max-over-sources aggregate, from one engine pass (see the module docstring for the formulas).
 
@@ -220,7 +233,8 @@ def grounding(statements: str | Sequence[str], documents: Sequence[Any], engine:
         engine: the NLI engine (default None: :func:`~fastnli.engine.default_engine`, the embedded default model);
             a 3-way or a 2-way head.
         granularity: ``"window"`` (default) or ``"sentence"``.
-        threshold: ``supported`` means ``entailment > threshold`` (default 0.5).
+        threshold: ``supported`` means ``entailment > threshold`` (default None: 0.5 when the documents are one
+            source, the engine's window threshold when they are several; the result's ``threshold`` says which).
 
     Raises:
         TypeError / ValueError: naming the bad field.

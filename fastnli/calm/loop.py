@@ -163,7 +163,8 @@ def calm_batch(
             (default 3).
         max_iterations: T, the most answers per query (default 3).
         check_config: NLI decision and acceptance rules (default :class:`~fastnli.calm.checks.CheckConfig()`:
-            accept when ≥ 80 % of statements are corroborated and none is contradicted with probability > 0.5).
+            accept when ≥ 80 % of statements are corroborated and none is contradicted with probability > 0.5;
+            a premise read in windows takes the engine's window threshold, :meth:`CheckConfig.for_engine`).
         prompts: prompt templates (default :class:`~fastnli.calm.prompts.PromptTemplates()`, ALCE style).
         max_concurrency: LM calls in flight at once, across all queries (default 8).
         on_error: ``"raise"`` (default): the first failed LM call (lowest query index of the phase) raises

@@ -75,6 +75,7 @@ def _add_calm_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accept-share", type=float, default=0.8,
                    help="least share of corroborated statements to accept (default 0.8)")
     p.add_argument("--entailment-threshold", type=float, default=0.5, help="P(entailment) > this entails (default 0.5)")
+    _add_window_threshold(p)
     p.add_argument("--on-error", default="record", choices=["record", "raise"],
                    help="record: a failing query gets an error in its line, the others go on (default); raise: stop")
     p.add_argument("--no-prompts", action="store_true", help="leave the prompts out of the trace")
@@ -94,7 +95,8 @@ def _run_calm(args: argparse.Namespace) -> int:
                         api_key_env=getattr(args, f"{role}_api_key_env"), temperature=args.temperature,
                         max_tokens=args.max_tokens, timeout=args.timeout, max_retries=args.max_retries)
            for role in ("main", "verifier")]
-    config = CheckConfig(accept_share=args.accept_share, entailment_threshold=args.entailment_threshold)
+    config = CheckConfig(accept_share=args.accept_share, entailment_threshold=args.entailment_threshold,
+                         window_entailment_threshold=args.window_entailment_threshold)
     engine = engine_from_args(args)
     with Progress(TextColumn("CaLM queries"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=args.no_progress, transient=True) as bar:
@@ -129,12 +131,19 @@ def _run_calm(args: argparse.Namespace) -> int:
     return 1 if errors else 0
 
 
+def _add_window_threshold(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--window-entailment-threshold", type=float, default=None,
+                   help="P(entailment) > this entails a premise read in windows (default: the model's window "
+                   "threshold, named by the embedded default model's manifest; else --entailment-threshold)")
+
+
 def _add_alce_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", help="JSONL with {answer, documents} per line")
     p.add_argument("-o", "--output", default=None, help="output JSONL (default: stdout)")
     p.add_argument("--entailment-rule", default="threshold", choices=["threshold", "argmax"],
                    help="threshold: P(entailment) > --entailment-threshold (default); argmax: entailment most probable")
     p.add_argument("--entailment-threshold", type=float, default=0.5, help="default 0.5")
+    _add_window_threshold(p)
     p.add_argument("--long-premise", default="chunk", choices=["chunk", "truncate"],
                    help="cited documents longer than the model: chunk (default) reads them in windows, truncate cuts")
     add_engine_arguments(p)
@@ -151,7 +160,7 @@ def _run_alce(args: argparse.Namespace) -> int:
         r["_documents"] = _documents(args.input, r)
     engine = engine_from_args(args)
     config = CheckConfig(entailment_rule=args.entailment_rule, entailment_threshold=args.entailment_threshold,
-                         long_premise=args.long_premise)
+                         window_entailment_threshold=args.window_entailment_threshold, long_premise=args.long_premise)
     result = alce_citations([r["answer"] for r in rows], [r["_documents"] for r in rows], engine, config)
 
     def records() -> Iterator[dict[str, Any]]:
@@ -226,7 +235,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("-o", "--output", default=None, help="output JSONL (default: stdout)")
     p.add_argument("--granularity", default="window", choices=["window", "sentence"],
                    help="sources: document windows that fit the model (default) or document sentences")
-    p.add_argument("--threshold", type=float, default=0.5, help="supported: max entailment > this (default 0.5)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="supported: max entailment > this (default: 0.5 for one source, the model's window threshold "
+                   "for several, named by the embedded default model's manifest)")
     p.add_argument("--matrix", action="store_true", help="write the probability tensor (probs) too")
     add_engine_arguments(p)
     p.set_defaults(func=_run_grounding)

@@ -41,6 +41,14 @@ def _cmd_info(args: argparse.Namespace) -> int:
     out = console()
     out.print(escape(repr(engine)))
     out.print(escape(f"precision {engine.precision}: {engine.precision_reason}"), soft_wrap=True)
+    policy = engine.window_planner.policy
+    size = "as large as the model allows" if policy.max_window_tokens is None else \
+        f"of at most {policy.max_window_tokens} tokens"
+    bar = "the plain threshold" if policy.entailment_threshold is None else f"P(entailment) > {policy.entailment_threshold}"
+    source = "the manifest's" if engine.manifest.window_policy is not None else "the default"
+    out.print(escape(f"long documents (CaLM, ALCE, grounding, long_premise='chunk'): windows {size}, "
+                     f"{policy.overlap_tokens} tokens of overlap; support when read in windows: {bar} ({source} "
+                     "window policy)"), soft_wrap=True)
     return 0
 
 

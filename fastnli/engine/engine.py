@@ -308,6 +308,9 @@ class NLIEngine:
         self._session_config = session_config or SessionConfig()
         self.result_cache = result_cache
         self._tokenizer = PairTokenizer(self.artifact_dir / "tokenizer.json", self.manifest.max_length)
+        if window_policy is None and self.manifest.window_policy is not None:
+            window_policy = WindowPolicy.from_manifest(self.manifest.window_policy,
+                                                       f"{self.artifact_dir / 'manifest.json'}: window_policy")
         #: cuts long premises into windows (``long_premise="chunk"``); its ``policy`` is a :class:`WindowPolicy`
         self.window_planner = WindowPlanner(self._tokenizer, window_policy)
         self._lock = threading.Lock()
@@ -349,9 +352,10 @@ class NLIEngine:
                 carry the artifact hash, the precision in use and the INT8 kernel mode, so engines never see each
                 other's results unless they come from the same graph run the same way.
             cache_dir: overrides ``$FASTNLI_CACHE`` for exports of HF checkpoints.
-            window_policy: how ``long_premise="chunk"`` cuts long premises (default
-                :class:`~fastnli.engine.windows.WindowPolicy()`: windows as large as the model allows, 64 tokens of
-                overlap).
+            window_policy: how ``long_premise="chunk"`` cuts long premises (default: the manifest's
+                ``window_policy`` when it names one — the embedded default model's: windows of at most 128 tokens —
+                else :class:`~fastnli.engine.windows.WindowPolicy()`: windows as large as the model allows, 64
+                tokens of overlap).
             progress: when a checkpoint is exported, show its stages as a rich progress bar on stderr (default
                 False: they are logged at INFO). The export holds the graphs ``device`` and ``precision`` need
                 (:func:`resolve_artifact`).

@@ -89,6 +89,9 @@ class Manifest:
     artifact_hash: str = ""
     #: how the model reads an answer with its question (fastnli.scorers.questions), when it was trained so
     question_format: str | None = None
+    #: how the model reads long premises, when it was measured to read them better than ``WindowPolicy()``:
+    #: :class:`fastnli.engine.windows.WindowPolicy` fields (the engine's default policy)
+    window_policy: dict[str, Any] | None = None
     #: the export's stages in order, ``{"stage": name, "seconds": wall-clock s, "cpu_seconds": the export process's
     #: CPU s}`` (empty for artifacts written before stages were timed)
     export_stages: list[dict[str, Any]] = field(default_factory=list)

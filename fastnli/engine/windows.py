@@ -15,7 +15,14 @@ for DeBERTa), counted by the model's own tokenizer. What happens to a pair that 
 
 **Aggregation** (:meth:`PairWindows.aggregate`): a chunked pair's probabilities are those of its *best window*, the
 window with the highest P(entailment) (the first one on ties): entailment is the max over windows, and contradiction
-and neutral are the best window's, so the row still sums to 1. The best window's index is reported.
+and neutral are the best window's, so the row still sums to 1. The best window's index is reported. The max of
+several windows' scores runs higher than one reading's on text that says nothing about the hypothesis, so a policy
+may name the P(entailment) a premise read in windows needs to count as support
+(:attr:`WindowPolicy.entailment_threshold`; the CaLM checks and :func:`fastnli.grounding` apply it).
+
+**The model's policy**: an artifact whose manifest names a ``window_policy`` (the embedded default model's is chosen
+by measurement, ``tools/default_model/window_choice.py``; its model card gives the figures) gets that policy when
+the engine is given none.
 
 A hypothesis that leaves fewer than :attr:`WindowPolicy.min_window_tokens` tokens for the premise cannot be chunked
 usefully; such a pair is read truncated and reported as truncated in both modes.
@@ -60,11 +67,15 @@ class WindowPolicy:
             a pair whose hypothesis leaves less is read truncated, and reported so.
         max_window_tokens: a cap on the window size, in tokens (default None: as large as the pair limit allows);
             with a cap, ``"chunk"`` also cuts premises that would fit the model but exceed the cap.
+        entailment_threshold: the P(entailment) above which a premise read in several windows (or a statement read
+            against several sources) counts as support, in [0, 1] (default None: the caller's own threshold, as for
+            a premise read whole).
     """
 
     overlap_tokens: int = 64
     min_window_tokens: int = 32
     max_window_tokens: int | None = None
+    entailment_threshold: float | None = None
 
     def __post_init__(self) -> None:
         if self.overlap_tokens < 0:
@@ -74,6 +85,22 @@ class WindowPolicy:
         if self.max_window_tokens is not None and self.max_window_tokens < self.min_window_tokens:
             raise ValueError(f"max_window_tokens={self.max_window_tokens} must be >= min_window_tokens="
                              f"{self.min_window_tokens} (or None)")
+        if self.entailment_threshold is not None and not 0.0 <= self.entailment_threshold <= 1.0:
+            raise ValueError(f"entailment_threshold={self.entailment_threshold} must be within [0, 1] (or None)")
+
+    @classmethod
+    def from_manifest(cls, value: object, where: str = "manifest window_policy") -> WindowPolicy:
+        """The policy of a manifest's ``window_policy`` object (its keys are this class's fields).
+
+        Raises:
+            ValueError: naming ``where``, when ``value`` is not an object of known fields with valid values.
+        """
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} must be an object of WindowPolicy fields; got {type(value).__name__}")
+        try:
+            return cls(**value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where} is not a valid WindowPolicy ({exc}); re-export the model") from None
 
 
 def _units(starts: np.ndarray, sentences: Sequence[tuple[int, int]], n_tokens: int, budget: int
@@ -186,6 +213,14 @@ class WindowPlanner:
         unique = list(dict.fromkeys(texts))
         return {t: len(e.ids) for t, e in zip(unique, self.tokenizer.encode_texts(unique))}
 
+    def budget(self, hypothesis_tokens: int) -> int:
+        """The premise budget of a window, in tokens, beside a hypothesis of ``hypothesis_tokens`` tokens: what the
+        pair limit leaves after the special tokens, capped by :attr:`WindowPolicy.max_window_tokens` (may be below
+        :attr:`WindowPolicy.min_window_tokens`: such a pair is not chunked)."""
+        room = self.max_length - self.special - hypothesis_tokens
+        cap = self.policy.max_window_tokens
+        return room if cap is None else min(room, cap)
+
     def premise_windows(self, premise: str, budget: int) -> tuple[list[str], bool]:
         """The windows of ``premise`` for a premise budget of ``budget`` tokens (the whole premise when it fits),
         and whether every window fits the budget (False only when re-planning could not make a cut text fit).
@@ -230,10 +265,7 @@ class WindowPlanner:
         over = tokens > self.max_length
         chunked = np.zeros(n, dtype=bool)
         if long_premise == "chunk":
-            budgets = self.max_length - self.special - np.fromiter((hypothesis_tokens[h] for h in hypotheses),
-                                                                   dtype=np.int64, count=n)
-            if self.policy.max_window_tokens is not None:
-                budgets = np.minimum(budgets, self.policy.max_window_tokens)
+            budgets = np.fromiter((self.budget(hypothesis_tokens[h]) for h in hypotheses), dtype=np.int64, count=n)
             need = np.fromiter((premise_tokens[p] for p in premises), dtype=np.int64, count=n) > budgets
             chunked = need & (budgets >= self.policy.min_window_tokens)
         if not chunked.any():

@@ -38,7 +38,8 @@ _CALM_IN = {"type": "object", "required": ["answer"], "properties": {
     "verifier_answer": {"type": ["string", "null"], "default": None},
     "config": {"type": "object", "description": "fastnli.calm.CheckConfig fields", "properties": {
         "entailment_rule": {"type": "string", "enum": ["threshold", "argmax"]},
-        "entailment_threshold": {"type": "number"}, "contradiction_threshold": {"type": "number"},
+        "entailment_threshold": {"type": "number"}, "window_entailment_threshold": {"type": ["number", "null"]},
+        "contradiction_threshold": {"type": "number"},
         "accept_share": {"type": "number"}, "min_citation_recall": {"type": ["number", "null"]},
         "check_citations": {"type": "boolean"},
         "long_premise": {"type": "string", "enum": ["chunk", "truncate"], "default": "chunk"}}}}}
@@ -47,7 +48,8 @@ _GROUNDING_IN = {"type": "object", "required": ["documents"], "properties": {
     "answer": {"type": "string", "description": "a text split into statements (or send statements)"},
     "documents": {"type": "array", "items": _DOC, "minItems": 1},
     "granularity": {"type": "string", "enum": ["window", "sentence"], "default": "window"},
-    "threshold": {"type": "number", "default": 0.5}, "matrix": {"type": "boolean", "default": True}}}
+    "threshold": {"type": ["number", "null"], "default": None,
+                  "description": "null: 0.5 for one source, the model's window threshold for several"}, "matrix": {"type": "boolean", "default": True}}}
 _PREDICTION = {"type": "array", "items": {"type": "object", "properties": {
     "label": {"type": "string"}, "score": {"type": "number"}}}}
 

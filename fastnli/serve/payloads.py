@@ -347,12 +347,13 @@ def calm_request(body: Any, config: ServeConfig) -> tuple[bool, list[tuple[Answe
     return batched, items
 
 
-def grounding_item(body: Any, config: ServeConfig) -> tuple[list[str], list[Document], Granularity, float, bool]:
+def grounding_item(body: Any, config: ServeConfig
+                   ) -> tuple[list[str], list[Document], Granularity, float | None, bool]:
     """A ``/v1/grounding`` body validated: ``(statements, documents, granularity, threshold, matrix)``.
 
     ``statements`` is a list of strings, or ``answer`` a text split into statements; ``documents`` strings or
     ``{"title", "text"}`` objects; ``granularity`` ``"window"`` (default) or ``"sentence"``; ``threshold`` in [0, 1]
-    (default 0.5); ``matrix`` (default true) returns the probability tensor.
+    (default None: :func:`fastnli.grounding`'s); ``matrix`` (default true) returns the probability tensor.
     """
     obj = require_object(body)
     refuse_unknown(obj, GROUNDING_FIELDS, "request body")
@@ -373,11 +374,13 @@ def grounding_item(body: Any, config: ServeConfig) -> tuple[list[str], list[Docu
     granularity = obj.get("granularity", "window")
     if granularity not in GRANULARITIES:
         raise ApiError(422, f"field 'granularity' is {granularity!r}; use \"window\" or \"sentence\"")
-    threshold = obj.get("threshold", 0.5)
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
-        raise ApiError(422, f"field 'threshold' is {threshold!r}; send a number within [0, 1]")
+    threshold = obj.get("threshold")
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                  or not 0.0 <= threshold <= 1.0):
+        raise ApiError(422, f"field 'threshold' is {threshold!r}; send a number within [0, 1] (or null: the "
+                            "model's default)")
     matrix = require_bool(obj.get("matrix", True), "field 'matrix'")
-    return statements, docs, granularity, float(threshold), matrix
+    return statements, docs, granularity, None if threshold is None else float(threshold), matrix
 
 
 def parse_predict(body: Any, config: ServeConfig) -> tuple[list[tuple[str, str]], bool, bool, bool]:
