@@ -444,8 +444,13 @@ def stages_text(t: dict[str, Any]) -> str:
         parts.append(f"Stage {i}, {start}: `{stage['command']}` ({extra.get('rows', 0):,} generated rows; "
                      f"{stage['recipe']['loss']}; best step {stage['best']['step']}, "
                      f"{json.dumps(stage['best']['full'])}).")
-    return (f"Trained in {len(stages)} stages. " + " ".join(parts) + f" Stage {len(stages)} continued from the "
-            f"stage-{len(stages) - 1} checkpoint with the rows and recipe below:\n\n")
+    recovered = t["base_model"].get("recovered_from")
+    start = (f"the stage-{len(stages) - 1} weights recovered from the shipped INT8 graph (artifact "
+             f"`{recovered['artifact_hash'][:16]}…`, `tools/default_model/recover.py`: its int8 products dequantized; "
+             f"a rebuild from scratch starts from the stage-{len(stages) - 1} checkpoint itself)" if recovered
+             else f"the stage-{len(stages) - 1} checkpoint")
+    return (f"Trained in {len(stages)} stages. " + " ".join(parts) + f" Stage {len(stages)} continued from {start} "
+            "with the rows and recipe below:\n\n")
 
 
 def training_command(logged: list[str], paths: list[str]) -> str:
@@ -472,8 +477,13 @@ def base_training(training: dict[str, Any]) -> dict[str, Any] | None:
         return None
     first = json.loads(log.read_text(encoding="utf-8"))
     trimmed = {k: first[k] for k in ("command", "args", "data", "recipe", "best", "stop_reason", "timing_s")}
-    if earlier := base_training(first):  # a base that was itself trained from a checkpoint of this tool
+    # a base that was itself trained from a checkpoint of this tool: its log carries the earlier stages when it is a
+    # shipped model's record (tools/default_model/recover.py), else they are read from its own base
+    if earlier := first.get("base_training") or base_training(first):
         trimmed["base_training"] = earlier
+    for key in ("recovered_from",):
+        if key in first.get("base_model", {}):
+            trimmed[key] = first["base_model"][key]
     return trimmed
 
 

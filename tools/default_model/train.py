@@ -1110,6 +1110,8 @@ def main(argv: list[str] | None = None) -> int:
             # --base may be a checkpoint this tool wrote (e.g. to prune and distil it): keep its lineage
             "trained_by_this_tool": (json.loads((base / "training_log.json").read_text())["base_model"]
                                      if (base / "training_log.json").is_file() else None),
+            # a base recovered from a shipped INT8 graph (tools/default_model/recover.py): which one
+            "recovered_from": json.loads((base / "config.json").read_text()).get("fastnli_recovered_from"),
         },
         "recipe": {
             "model": "AutoModelForSequenceClassification (BERT, new classification head on the pooled [CLS])",
