@@ -11,11 +11,14 @@ stream of unrelated mnli/dev_matched premises from the evaluation filler pool (`
 content words with the pair are skipped, ``long_document``) supplies the document: filler sentences until at least
 ``depth`` tokens (the model's tokenizer), then the snli premise, then about 200 tokens of filler. The gold label stays
 the pair's. Modes: ``alone`` (the snli pair as it is), ``truncate`` (the document cut ``longest_first`` at 512
-tokens), ``chunk`` (windows as large as the model allows) and ``chunk/128`` (windows of at most 128 tokens). Accuracy
+tokens), ``chunk/full`` (windows as large as the model allows, ``WindowPolicy()``) and ``chunk`` (the model's own
+window policy from its manifest: the embedded default model's 128-token windows and support threshold). Accuracy
 is argmax = gold; each cell's cost is the model pairs (after dedup), their real tokens and the engine seconds of
-that one call. *Support* is P(entailment) > 0.5: *found* over the entailed hypotheses with the premise in the
-document, *false* over every hypothesis against the same document with the premise left out (reading more windows
-gives an unrelated document more chances to look supporting).
+that one call. *Support* is the checks' decision (:meth:`fastnli.calm.CheckConfig.entails` with the mode's
+engine: P(entailment) > 0.5 for a document read whole, above the policy's threshold for one read in windows):
+*found* over the entailed hypotheses with the premise in the document, *false* over every hypothesis against the
+same document with the premise left out (reading more windows gives an unrelated document more chances to look
+supporting).
 
 **CaLM workload.** ``bench.calm_pairs.make_workload`` (``--queries`` queries, 5 documents each, scripted answers
 citing them) with every document lengthened by 150-1,500 tokens of filler (its own sentences at a random depth), one
@@ -54,8 +57,9 @@ def _data_dir(arg: str | None) -> Path:
     return Path(__file__).resolve().parents[1].parent / "shared" / "nli-data"
 
 
-def load(data: Path, n_pairs: int, seed: int) -> tuple[list[dict[str, Any]], list[str]]:
-    """(``n_pairs`` balanced snli/dev test-part pairs, the evaluation filler pool)."""
+def load(data: Path, n_pairs: int, seed: int, part: str = "test") -> tuple[list[dict[str, Any]], list[str]]:
+    """(``n_pairs`` balanced snli/dev pairs of ``part`` (``"test"`` or ``"dev"`` of ``answer_data.part_of``), the
+    evaluation filler pool)."""
     from tools.default_model.answer_data import clean, filler_pools, part_of, read_jsonl
 
     dev = read_jsonl(data / "dev.jsonl")
@@ -64,7 +68,7 @@ def load(data: Path, n_pairs: int, seed: int) -> tuple[list[dict[str, Any]], lis
     pairs: list[dict[str, Any]] = []
     for label in CANONICAL_LABELS:
         cands = [r for r in dev if r["source"] == "snli/dev" and r["label"] == label
-                 and part_of(r["premise"]) == "test"]
+                 and part_of(r["premise"]) == part]
         pairs += [{**r, "premise": clean(r["premise"])} for r in rng.sample(cands, n_pairs // 3)]
     return pairs, pool
 
@@ -100,10 +104,17 @@ def documents(pairs: list[dict[str, Any]], pool: list[str], depths: Sequence[int
     return out
 
 
+def supported(engine: NLIEngine, got: Any) -> np.ndarray:
+    """Per pair of a ``predict_detailed`` result, the checks' support decision with ``engine``'s window policy
+    (:meth:`fastnli.calm.CheckConfig.entails`: P(entailment) > 0.5 read whole, > the policy's threshold in windows)."""
+    config = CheckConfig().for_engine(engine)
+    return np.array([config.entails(row, n > 1) for row, n in zip(got.probs, got.num_windows)], dtype=bool)
+
+
 def needle_table(engines: dict[str, NLIEngine], pairs: list[dict[str, Any]],
                  docs: dict[int, list[tuple[str, int, str]]]) -> list[dict[str, Any]]:
     """Per mode and depth: accuracy with the premise in the document, the entailed hypotheses found supported
-    (P(entailment) > 0.5), and every hypothesis found supported by the document without the premise (false support)."""
+    (:func:`supported`), and every hypothesis found supported by the document without the premise (false support)."""
     gold = np.array([CANONICAL_LABELS.index(r["label"]) for r in pairs])
     entailed = gold == CANONICAL_LABELS.index("entailment")
     hyps = [r["hypothesis"] for r in pairs]
@@ -119,11 +130,11 @@ def needle_table(engines: dict[str, NLIEngine], pairs: list[dict[str, Any]],
         for mode, engine in engines.items():
             long_premise = "truncate" if mode == "truncate" else "chunk"
             got = engine.predict_detailed(pairs_d, long_premise)
-            empty = engine.predict(empty_d, long_premise=long_premise)
+            empty = engine.predict_detailed(empty_d, long_premise)
             rows.append({"mode": mode, "depth": depth, "real_depth": float(np.mean([d for _, d, _ in items])),
                          "accuracy": float((got.probs.argmax(1) == gold).mean()),
-                         "support_found": float((got.probs[entailed, -1] > 0.5).mean()),
-                         "false_support": float((empty[:, -1] > 0.5).mean()),
+                         "support_found": float(supported(engine, got)[entailed].mean()),
+                         "false_support": float(supported(engine, empty).mean()),
                          "model_pairs": got.stats.model_pairs, "tokens": got.stats.real_tokens,
                          "seconds": got.stats.seconds, "truncated": got.stats.truncated_pairs,
                          "doc_tokens": float(got.tokens.mean())})
@@ -176,7 +187,7 @@ def calm_table(engines: dict[str, NLIEngine], pool: list[str], n_queries: int, s
 
 def markdown(needle: list[dict[str, Any]], calm: list[dict[str, Any]], depths: Sequence[int], meta: dict[str, Any]
              ) -> str:
-    modes = ["truncate", "chunk", "chunk/128"]
+    modes = ["truncate", "chunk/full", "chunk"]
     acc = {(r["mode"], r["depth"]): r for r in needle}
     alone = acc[("alone", 0)]
     lines = [f"Needle at depth: {meta['pairs']} snli/dev pairs, model {meta['model']} ({meta['device']}/"
@@ -189,7 +200,8 @@ def markdown(needle: list[dict[str, Any]], calm: list[dict[str, Any]], depths: S
         lines.append(f"| {d} | {cells[0]['real_depth']:.0f} | {cells[0]['doc_tokens']:.0f} | "
                      + " | ".join(f"{c['accuracy']:.3f}" for c in cells) + " | "
                      + " | ".join(f"{c['model_pairs']} / {c['tokens']} / {c['seconds']:.2f}" for c in cells) + " |")
-    lines += ["", f"Support (P(entailment) > 0.5): of the {meta['entailed']} "
+    lines += ["", f"Support (the checks' rule: P(entailment) > 0.5 read whole, > {meta['window_threshold']} read in "
+              f"windows with the model's policy; > 0.5 with chunk/full): of the {meta['entailed']} "
               f"entailed hypotheses with the premise in the document (alone: {alone['support_found']:.3f}), and of all "
               f"{meta['pairs']} hypotheses against the same document without the premise (false support).", "",
               "| depth (tokens) | " + " | ".join(f"{m} found | {m} false" for m in modes) + " |",
@@ -220,16 +232,20 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     depths = [int(x) for x in args.depths.split(",")]
 
-    chunk = NLIEngine.from_pretrained(args.model)
-    small = NLIEngine.from_pretrained(args.model, window_policy=WindowPolicy(max_window_tokens=128))
-    engines = {"truncate": chunk, "chunk": chunk, "chunk/128": small}
+    chunk = NLIEngine.from_pretrained(args.model)  # the model's window policy (its manifest), else WindowPolicy()
+    full = NLIEngine.from_pretrained(args.model, window_policy=WindowPolicy())
+    engines = {"truncate": full, "chunk/full": full, "chunk": chunk}
     pairs, pool = load(_data_dir(args.data), args.pairs, args.seed)
     docs = documents(pairs, pool, depths, chunk, args.seed)
     needle = needle_table(engines, pairs, docs)
     calm = calm_table(engines, pool, args.queries, args.seed)
+    policy = chunk.window_planner.policy
     meta = {"pairs": len(pairs), "entailed": sum(r["label"] == "entailment" for r in pairs),
             "model": str(chunk.manifest.source), "device": chunk.device,
-            "precision": chunk.precision, "queries": args.queries, "depths": depths}
+            "precision": chunk.precision, "queries": args.queries, "depths": depths,
+            "window_policy": {"max_window_tokens": policy.max_window_tokens,
+                              "entailment_threshold": policy.entailment_threshold},
+            "window_threshold": policy.entailment_threshold or 0.5}
     text = markdown(needle, calm, depths, meta)
     sys.stdout.write(text)
     if args.out:

@@ -170,5 +170,15 @@ def test_the_build_record_rebuilds_the_same_rows(tmp_path: Path) -> None:
     assert ad.main(["--data", str(SHARED_DATA), "--out", *rebuilt]) == 0
     assert (tmp_path / "b" / "train.jsonl").read_bytes() == (tmp_path / "a" / "train.jsonl").read_bytes()
     assert ad.rows_command(tmp_path / "a" / "train.jsonl", "0" * 64, "x") is None  # other bytes: no command
+    # ship records the arguments in the training record, so a card rendered after the rows are gone still has them
+    from tools.default_model import ship
+
+    training = {"data": {"extra_train": {"files": {str(tmp_path / "a" / "train.jsonl"): sha}}},
+                "base_training": {"data": {"extra_train": {"files": {"/gone/train.jsonl": sha}}}}}
+    ship.record_rows_arguments(training)
+    assert training["data"]["extra_train"]["build_arguments"] == record["arguments"]
+    assert "build_arguments" not in training["base_training"]["data"]["extra_train"]
+    (tmp_path / "a" / ad.BUILD_RECORD).unlink()
+    assert ad.command_for(training["data"]["extra_train"]["build_arguments"], str(tmp_path / "b")) == command
     long_rows = [r for r in ad.read_jsonl(tmp_path / "a" / "train.jsonl") if r["category"] == "long"]
     assert len(long_rows) == 50

@@ -10,6 +10,8 @@ import pytest
 from bench.roofline import deberta_flops
 from bench.run import ncp_from_pairs, uqlm_pairs
 from bench.workloads import long_workload, short_workload
+from fastnli.default_model import DEFAULT_MODEL_DIR
+from fastnli.engine import read_manifest
 
 
 def test_workloads_are_seeded_and_duplicated() -> None:
@@ -128,7 +130,9 @@ def test_long_premise_reports_support_found_and_false_support(tmp_path: Path) ->
                               "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "long_premise.json").read_text())["needle"]
     assert {(r["mode"], r["depth"]) for r in rows} == {("alone", 0)} | {
-        (m, d) for m in ("truncate", "chunk", "chunk/128") for d in (0, 600)}
+        (m, d) for m in ("truncate", "chunk/full", "chunk") for d in (0, 600)}
+    meta = json.loads((tmp_path / "long_premise.json").read_text())["meta"]
+    assert meta["window_policy"] == read_manifest(DEFAULT_MODEL_DIR).window_policy  # chunk: the model's own policy
     for r in rows:
         assert 0.0 <= r["support_found"] <= 1.0 and 0.0 <= r["accuracy"] <= 1.0
         assert (r["false_support"] is None) == (r["mode"] == "alone")

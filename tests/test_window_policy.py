@@ -18,9 +18,11 @@ import fastnli
 from fastnli.calm import AnswerInput, CheckConfig, Document, check_answers
 from fastnli.calm.checks import plan_checks
 from fastnli.calm.documents import premise_text
+from fastnli.default_model import DEFAULT_MODEL_DIR
 from fastnli.engine import NLIEngine, WindowPolicy, read_manifest
 from fastnli.serve.config import ServeConfig
 from fastnli.serve.payloads import ApiError, calm_item, grounding_item
+from tools.default_model.window_choice import choose
 
 
 def _with_policy(art: Path, tmp_path: Path, policy: object) -> Path:
@@ -169,3 +171,29 @@ def test_the_service_takes_null_for_the_models_default_and_refuses_bad_types() -
     assert cfg.window_entailment_threshold == 0.9
     with pytest.raises(ApiError, match=re.escape("field 'config.window_entailment_threshold' must be a number")):
         calm_item({"answer": "a", "config": {"window_entailment_threshold": "0.9"}}, "", config)
+
+
+def test_the_embedded_model_reads_documents_as_its_manifest_says() -> None:
+    manifest = read_manifest(DEFAULT_MODEL_DIR)
+    assert manifest.window_policy is not None
+    engine = fastnli.default_engine()
+    assert engine.window_planner.policy == WindowPolicy.from_manifest(manifest.window_policy)
+    quality = json.loads((Path(__file__).resolve().parents[1] / "tools" / "default_model" / "quality.json")
+                         .read_text())
+    assert quality["window_policy"]["choice"] == manifest.window_policy  # the shipped policy is the measured one
+
+
+def _table(cells: dict[str, dict[str, tuple[float, float]]]) -> dict[str, object]:
+    """A window_choice table: per cap, one depth, per threshold (found, false)."""
+    return {"caps": {cap: {"depths": {"0": {"found": {t: v[0] for t, v in row.items()},
+                                            "false": {t: v[1] for t, v in row.items()}}}}
+                     for cap, row in cells.items()}}
+
+
+def test_window_choice_takes_the_most_found_within_the_false_support_bound() -> None:
+    full = {"0.5": (0.80, 0.12), "0.6": (0.75, 0.09), "0.7": (0.60, 0.05), "0.8": (0.50, 0.02)}
+    small = {"0.5": (0.90, 0.15), "0.6": (0.85, 0.11), "0.7": (0.78, 0.08), "0.8": (0.70, 0.04)}
+    assert choose(_table({"None": full, "128": small})) == {"max_window_tokens": 128, "entailment_threshold": 0.7}
+    # ties go to larger windows, then the lower threshold
+    same = {"0.5": (0.8, 0.2), "0.6": (0.7, 0.05), "0.7": (0.7, 0.01), "0.8": (0.1, 0.0)}
+    assert choose(_table({"None": same, "128": same})) == {"max_window_tokens": None, "entailment_threshold": 0.6}

@@ -723,16 +723,28 @@ def build_arguments(args: Any) -> list[str]:
             "--event-train", str(args.event_train), "--long-statement-share", f"{args.long_statement_share:g}"]
 
 
-def rows_command(train_file: str | Path, sha256: str, out: str) -> str | None:
-    """The command that rebuilds the training rows ``train_file`` (whose recorded hash is ``sha256``) into ``out``,
-    from the :data:`BUILD_RECORD` beside it; None when there is none or it records other bytes."""
+def rows_arguments(train_file: str | Path, sha256: str) -> list[str] | None:
+    """The arguments that rebuild the training rows ``train_file`` (whose recorded hash is ``sha256``), from the
+    :data:`BUILD_RECORD` beside it; None when there is none or it records other bytes."""
     record_path = Path(train_file).with_name(BUILD_RECORD)
     if not record_path.is_file():
         return None
     record = json.loads(record_path.read_text(encoding="utf-8"))
     if record["sha256"].get(Path(train_file).name) != sha256:
         return None
-    return " ".join(["python -m tools.default_model.answer_data --out", out, *record["arguments"]])
+    return list(record["arguments"])
+
+
+def command_for(arguments: list[str], out: str) -> str:
+    """The command that builds the rows of ``arguments`` (:func:`build_arguments`) into ``out``."""
+    return " ".join(["python -m tools.default_model.answer_data --out", out, *arguments])
+
+
+def rows_command(train_file: str | Path, sha256: str, out: str) -> str | None:
+    """The command that rebuilds the training rows ``train_file`` (whose recorded hash is ``sha256``) into ``out``
+    (:func:`rows_arguments`); None when their build record is missing or records other bytes."""
+    arguments = rows_arguments(train_file, sha256)
+    return None if arguments is None else command_for(arguments, out)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ Steps: fastnli export (fp32 + INT8, validated against PyTorch on the probe set) 
 snli/dev and lingnli/val through the engine, INT8-vs-fp32 agreement, throughput at SNLI lengths (tokenization
 included) → copy the INT8 graph, tokenizer, manifest and ``MODEL_CARD.md`` to ``fastnli/models/default/``, and write
 ``tools/default_model/quality.json`` (the figures and the fixed slice the CI quality gate re-checks; it stays out of
-the wheel).
+the wheel) → choose how the model reads long documents (``tools/default_model/window_choice.py``: the manifest's
+``window_policy``).
 """
 
 from __future__ import annotations
@@ -364,6 +365,38 @@ def weak_text(q: dict[str, Any]) -> str:
             "long document that does support a statement can read as neutral.")
 
 
+def window_text(q: dict[str, Any]) -> str:
+    """The model card's section on how long documents are read (``tools/default_model/window_choice.py``); empty for
+    records without a window choice."""
+    if "window_policy" not in q:
+        return ""
+    w = q["window_policy"]
+    choice, plain = w["choice"], w["plain"]
+
+    def cell(part: str, policy: dict[str, Any], depth: str) -> str:
+        c = w[part]["caps"][str(policy["max_window_tokens"])]["depths"][depth]
+        t = str(policy["entailment_threshold"])
+        return f"{c['found'][t]:.2f} / {c['false'][t]:.3f}"
+
+    cap = choice["max_window_tokens"]
+    rows = "\n".join(f"| {d} | {cell('dev', choice, d)} | {cell('dev', plain, d)} | {cell('test', choice, d)} | "
+                     f"{cell('test', plain, d)} |" for d in w["test"]["caps"]["None"]["depths"])
+    return f"""## Long documents (CaLM, ALCE, grounding)
+The manifest's `window_policy`: documents are read in windows of {"as many tokens as the model allows" if cap is None
+else f"at most {cap} tokens"}, and a premise read in windows supports a statement when its best window's P(entailment)
+is above {choice["entailment_threshold"]} (a premise read whole: above 0.5). Chosen by
+`tools/default_model/window_choice.py` ({w["rule"]}): an snli/dev premise among unrelated mnli/dev_matched sentences,
+{w["dev"]["pairs"]} dev-part pairs ({w["dev"]["entailed"]} entailed) and {w["test"]["pairs"]} test-part pairs
+({w["test"]["entailed"]} entailed, never used to choose). *Found*: entailed statements supported by the document;
+*false*: statements supported by the same document without the premise.
+
+| tokens before the evidence | dev: chosen found / false | dev: whole windows, 0.5 | test: chosen | test: whole windows, 0.5 |
+|---|---|---|---|---|
+{rows}
+
+"""
+
+
 def shipped_commit(artifact_hash: str) -> str | None:
     """The first commit whose embedded default model (``fastnli/models/default/manifest.json``) has
     ``artifact_hash``: where a teacher that was the default model at the time is found again; None outside a git
@@ -401,8 +434,10 @@ def rebuild_text(t: dict[str, Any]) -> str:
     steps, restored = [], set()
     for i, stage in enumerate(stages, 1):
         rows_dir, out = f"/tmp/answers-{i}", f"/tmp/default-nli-{i}"
-        (path, sha), = stage["data"]["extra_train"]["files"].items()
-        command = answer_data.rows_command(path, sha, rows_dir)
+        extra = stage["data"]["extra_train"]
+        (path, sha), = extra["files"].items()
+        arguments = extra.get("build_arguments") or answer_data.rows_arguments(path, sha)
+        command = answer_data.command_for(arguments, rows_dir) if arguments else None
         rows = f"`{command}`" if command else f"the rows of sha256 `{sha}` (their build record was not found at ship time)"
         paths = ["--data", "../shared/nli-data", "--extra-train", f"{rows_dir}/train.jsonl", "--out", out]
         if i > 1:
@@ -416,6 +451,17 @@ def rebuild_text(t: dict[str, Any]) -> str:
             "training log):\n\n" + "\n".join(steps) + f"\n{len(stages) + 1}. `python -m tools.default_model.ship "
             f"--checkpoint /tmp/default-nli-{len(stages)}` (it evaluates on the answer rows of the default arguments, "
             "as the CI gate does)\n")
+
+
+def record_rows_arguments(training: dict[str, Any]) -> None:
+    """Store in each stage's ``extra_train`` the arguments that rebuild its rows (``build_arguments``, read from the
+    rows' build record while it exists), so that a card rendered later does not need the rows' folder."""
+    for stage in training_stages(training):
+        extra = stage["data"].get("extra_train")
+        if extra and "build_arguments" not in extra:
+            (path, sha), = extra["files"].items()
+            if (arguments := answer_data.rows_arguments(path, sha)) is not None:
+                extra["build_arguments"] = arguments
 
 
 def recipe_lines(recipe: dict[str, Any]) -> str:
@@ -628,7 +674,7 @@ fp32 max |Δp| {pv["fp32"]["max_abs_dprob"]:.2e}; INT8 max |Δp| {pv["int8"]["ma
 
 {recipe_text(q)}
 
-{mission_section(q)}## Speed by CPU
+{mission_section(q)}{window_text(q)}## Speed by CPU
 snli/dev (9,840 pairs) through the engine, tokenization and scheduling included, the engine's default CPU streams,
 best of 2 runs. Written by `tools/default_model/ship.py` (with the fp32 and plain dynamic INT8 graphs) and by
 `tools/default_model/measure.py`, which re-measures the shipped graph on another CPU. INT8 speed depends on the
@@ -642,7 +688,8 @@ instruction set far more than on the clock.
   on MNLI-style text.{weak_text(q)}
 - English only; trained on pairs of up to {t["args"]["max_length"]} tokens. `predict` truncates longer pairs at
   {manifest["max_length"]} tokens unless asked to chunk (`long_premise="chunk"`); CaLM, ALCE and `fastnli.grounding`
-  read long documents in windows ([docs/grounding.md](../../../docs/grounding.md)).
+  read long documents in windows ([docs/grounding.md](../../../docs/grounding.md)), which finds less of the evidence
+  than the premise alone does (see the long-document table).
 - Only the INT8 graph ships (an fp32 graph would add ~90 MB). The shipped recipe is slower than plain dynamic
   INT8 (`int8` vs `int8-dynamic` above): the price of the agreement with fp32 and of batch-invariant scores.
 - On x86-64 CPUs without VNNI (AVX2 only, e.g. AMD Zen 2/3) the INT8 products run on ONNX Runtime's exact U8U8
@@ -675,6 +722,7 @@ def main() -> None:
     training = json.loads((args.checkpoint / "training_log.json").read_text())
     if first := base_training(training):
         training["base_training"] = first
+    record_rows_arguments(training)
     teacher = training["recipe"].get("teacher_engine")
     if teacher and teacher.get("lineage") is None:  # a training log without lineage; read before --out (maybe the teacher)
         teacher["lineage"] = teacher_lineage(Path(teacher["artifact"]))  # is replaced
@@ -764,6 +812,10 @@ def main() -> None:
     size = sum(f.stat().st_size for f in out.iterdir())
     logger.info("shipped %s (%.1f MB)", out, size / 1e6)
     shutil.rmtree(work)
+    from tools.default_model import window_choice  # it renders the card with ship's helpers
+
+    logger.info("choosing how the model reads long documents (tools/default_model/window_choice.py)")
+    window_choice.main(["--model", str(out), "--quality", str(args.quality), "--data", str(args.data), "--write"])
 
 
 if __name__ == "__main__":
