@@ -133,7 +133,9 @@ def test_info_names_the_embedded_models_gate(capsys: pytest.CaptureFixture[str])
     code, out, _ = _run_cli(["info", "--device", "cpu"], capsys)
     assert code == 0
     assert out.endswith("precision int8: the embedded model's shipped precision (quality gate: "
-                        "tools/default_model/quality.json / MODEL_CARD.md)\n")
+                        "tools/default_model/quality.json / MODEL_CARD.md)\nlong documents (CaLM, ALCE, grounding, "
+                        "long_premise='chunk'): windows of at most 128 tokens, 64 tokens of overlap; support when read "
+                        "in windows: P(entailment) > 0.6 (the manifest's window policy)\n")
 
 
 def test_int8_below_the_gate_warns(art_int8_below_gate: Path, caplog: pytest.LogCaptureFixture) -> None:
