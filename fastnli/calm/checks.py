@@ -63,7 +63,7 @@ from fastnli.calm.documents import Document, pair_overflows, premise_text
 from fastnli.calm.statements import Statement, split_sentences, split_statements, strip_citations
 from fastnli.engine.labels import CANONICAL_LABELS, CONTRADICTION, ENTAILMENT_COLUMN
 from fastnli.engine.protocol import EngineLike
-from fastnli.engine.windows import LongPremise, PairWindows, check_long_premise
+from fastnli.engine.windows import LongPremise, PairWindows, check_long_premise, window_threshold
 
 __all__ = ["AnswerCheck", "AnswerInput", "CheckConfig", "CheckPlan", "EngineLike", "PairPlan", "StatementCheck",
            "CheckCost", "check_answers", "check_cost", "finish_checks", "plan_checks", "rouge_l"]
@@ -116,8 +116,7 @@ class CheckConfig:
     def for_engine(self, engine: Any) -> CheckConfig:
         """This config with ``window_entailment_threshold`` taken from ``engine``'s window policy when it is None
         and the policy names one (an engine without a ``window_planner`` changes nothing)."""
-        policy = getattr(getattr(engine, "window_planner", None), "policy", None)
-        bar = getattr(policy, "entailment_threshold", None)
+        bar = window_threshold(engine)
         if self.window_entailment_threshold is not None or bar is None:
             return self
         return replace(self, window_entailment_threshold=bar)

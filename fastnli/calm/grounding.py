@@ -39,6 +39,7 @@ from fastnli.calm.statements import split_statements
 from fastnli.engine.labels import CANONICAL_LABELS, CONTRADICTION, ENTAILMENT_COLUMN
 from fastnli.engine.protocol import EngineLike
 from fastnli.engine.sentences import sentence_spans
+from fastnli.engine.windows import window_threshold
 
 __all__ = ["GroundingPlan", "GroundingResult", "finish_grounding", "grounding", "plan_grounding"]
 
@@ -144,8 +145,7 @@ def _window_budget(engine: Any, statements: list[str]) -> int:
 
 def _default_threshold(engine: Any, n_sources: int) -> float:
     """0.5 for one source; for several, the engine's window policy threshold when it names one (else 0.5)."""
-    policy = getattr(getattr(engine, "window_planner", None), "policy", None)
-    bar = getattr(policy, "entailment_threshold", None) if n_sources > 1 else None
+    bar = window_threshold(engine) if n_sources > 1 else None
     return DEFAULT_THRESHOLD if bar is None else float(bar)
 
 

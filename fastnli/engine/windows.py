@@ -39,7 +39,8 @@ import numpy as np
 from fastnli.engine.sentences import sentence_spans
 from fastnli.engine.tokenize import PairTokenizer
 
-__all__ = ["LONG_PREMISE_MODES", "LongPremise", "PairWindows", "WindowPlanner", "WindowPolicy", "check_long_premise"]
+__all__ = ["LONG_PREMISE_MODES", "LongPremise", "PairWindows", "WindowPlanner", "WindowPolicy", "check_long_premise",
+           "window_threshold"]
 
 LongPremise = Literal["chunk", "truncate"]
 LONG_PREMISE_MODES: tuple[str, ...] = ("chunk", "truncate")
@@ -101,6 +102,13 @@ class WindowPolicy:
             return cls(**value)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{where} is not a valid WindowPolicy ({exc}); re-export the model") from None
+
+
+def window_threshold(engine: object) -> float | None:
+    """The support threshold of ``engine``'s window policy (:attr:`WindowPolicy.entailment_threshold`); None when it
+    names none or the engine cannot read windows (no ``window_planner``)."""
+    policy = getattr(getattr(engine, "window_planner", None), "policy", None)
+    return getattr(policy, "entailment_threshold", None)
 
 
 def _units(starts: np.ndarray, sentences: Sequence[tuple[int, int]], n_tokens: int, budget: int
