@@ -197,3 +197,5 @@ def test_window_choice_takes_the_most_found_within_the_false_support_bound() -> 
     # ties go to larger windows, then the lower threshold
     same = {"0.5": (0.8, 0.2), "0.6": (0.7, 0.05), "0.7": (0.7, 0.01), "0.8": (0.1, 0.0)}
     assert choose(_table({"None": same, "128": same})) == {"max_window_tokens": None, "entailment_threshold": 0.6}
+    loose = {t: (0.9, 0.2) for t in ("0.5", "0.6", "0.7", "0.8")}  # nothing within the bound: the plain policy
+    assert choose(_table({"None": loose, "128": loose})) == {"max_window_tokens": None, "entailment_threshold": 0.5}

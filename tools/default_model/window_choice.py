@@ -87,7 +87,8 @@ def measure(model: Path, part: str, n_pairs: int, caps: Sequence[int | None], de
 
 
 def choose(table: dict[str, Any]) -> dict[str, Any]:
-    """The policy :data:`RULE` picks from a :func:`measure` table (``max_window_tokens``, ``entailment_threshold``)."""
+    """The policy :data:`RULE` picks from a :func:`measure` table (``max_window_tokens``, ``entailment_threshold``);
+    the plain policy (no cap, 0.5) when no candidate keeps false support within :data:`MAX_FALSE`."""
     best: tuple[float, int, float] | None = None
     choice: dict[str, Any] = {"max_window_tokens": None, "entailment_threshold": WHOLE_THRESHOLD}
     for cap_key, entry in table["caps"].items():
