@@ -390,7 +390,7 @@ is above {choice["entailment_threshold"]} (a premise read whole: above 0.5). Cho
 ({w["test"]["entailed"]} entailed, never used to choose). *Found*: entailed statements supported by the document;
 *false*: statements supported by the same document without the premise.
 
-| tokens before the evidence | dev: chosen found / false | dev: whole windows, 0.5 | test: chosen | test: whole windows, 0.5 |
+| tokens before the evidence | dev: chosen found / false | dev: full windows, 0.5 | test: chosen | test: full windows, 0.5 |
 |---|---|---|---|---|
 {rows}
 
@@ -527,9 +527,6 @@ def base_training(training: dict[str, Any]) -> dict[str, Any] | None:
     # shipped model's record (tools/default_model/recover.py), else they are read from its own base
     if earlier := first.get("base_training") or base_training(first):
         trimmed["base_training"] = earlier
-    for key in ("recovered_from",):
-        if key in first.get("base_model", {}):
-            trimmed[key] = first["base_model"][key]
     return trimmed
 
 
@@ -688,8 +685,8 @@ instruction set far more than on the clock.
   on MNLI-style text.{weak_text(q)}
 - English only; trained on pairs of up to {t["args"]["max_length"]} tokens. `predict` truncates longer pairs at
   {manifest["max_length"]} tokens unless asked to chunk (`long_premise="chunk"`); CaLM, ALCE and `fastnli.grounding`
-  read long documents in windows ([docs/grounding.md](../../../docs/grounding.md)), which finds less of the evidence
-  than the premise alone does (see the long-document table).
+  read long documents in windows ([docs/grounding.md](../../../docs/grounding.md)): windows find the evidence that
+  truncation cuts off, but less often than the premise read alone.
 - Only the INT8 graph ships (an fp32 graph would add ~90 MB). The shipped recipe is slower than plain dynamic
   INT8 (`int8` vs `int8-dynamic` above): the price of the agreement with fp32 and of batch-invariant scores.
 - On x86-64 CPUs without VNNI (AVX2 only, e.g. AMD Zen 2/3) the INT8 products run on ONNX Runtime's exact U8U8
