@@ -104,10 +104,9 @@ def documents(pairs: list[dict[str, Any]], pool: list[str], depths: Sequence[int
     return out
 
 
-def supported(engine: NLIEngine, got: Any) -> np.ndarray:
-    """Per pair of a ``predict_detailed`` result, the checks' support decision with ``engine``'s window policy
-    (:meth:`fastnli.calm.CheckConfig.entails`: P(entailment) > 0.5 read whole, > the policy's threshold in windows)."""
-    config = CheckConfig().for_engine(engine)
+def supported(config: CheckConfig, got: Any) -> np.ndarray:
+    """Per pair of a ``predict_detailed`` result, the checks' support decision (:meth:`CheckConfig.entails`: above
+    ``entailment_threshold`` read whole, above ``window_entailment_threshold`` read in windows)."""
     return np.array([config.entails(row, n > 1) for row, n in zip(got.probs, got.num_windows)], dtype=bool)
 
 
@@ -129,12 +128,13 @@ def needle_table(engines: dict[str, NLIEngine], pairs: list[dict[str, Any]],
         empty_d = [(doc, h) for (_, _, doc), h in zip(items, hyps)]
         for mode, engine in engines.items():
             long_premise = "truncate" if mode == "truncate" else "chunk"
+            config = CheckConfig().for_engine(engine)  # the engine's window policy decides support
             got = engine.predict_detailed(pairs_d, long_premise)
             empty = engine.predict_detailed(empty_d, long_premise)
             rows.append({"mode": mode, "depth": depth, "real_depth": float(np.mean([d for _, d, _ in items])),
                          "accuracy": float((got.probs.argmax(1) == gold).mean()),
-                         "support_found": float(supported(engine, got)[entailed].mean()),
-                         "false_support": float(supported(engine, empty).mean()),
+                         "support_found": float(supported(config, got)[entailed].mean()),
+                         "false_support": float(supported(config, empty).mean()),
                          "model_pairs": got.stats.model_pairs, "tokens": got.stats.real_tokens,
                          "seconds": got.stats.seconds, "truncated": got.stats.truncated_pairs,
                          "doc_tokens": float(got.tokens.mean())})

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.long_premise import documents, load
+from bench.long_premise import documents, load, supported
 from fastnli.calm import CheckConfig
 from fastnli.engine import NLIEngine
 from fastnli.engine.manifest import MANIFEST_NAME
@@ -53,11 +53,9 @@ RULE = (f"highest mean support found over depths {list(DEPTHS)} among window cap
         "the lower threshold); dev part")
 
 
-def supported(probs: np.ndarray, windows: np.ndarray, threshold: float) -> np.ndarray:
-    """Per pair, the checks' support decision (:meth:`fastnli.calm.CheckConfig.entails`): P(entailment) above 0.5
-    when read whole, above ``threshold`` when read in windows."""
-    config = CheckConfig(entailment_threshold=WHOLE_THRESHOLD, window_entailment_threshold=threshold)
-    return np.array([config.entails(row, n > 1) for row, n in zip(probs, windows)], dtype=bool)
+def candidate(threshold: float) -> CheckConfig:
+    """The checks' rule of a candidate: above 0.5 read whole, above ``threshold`` read in windows."""
+    return CheckConfig(entailment_threshold=WHOLE_THRESHOLD, window_entailment_threshold=threshold)
 
 
 def measure(model: Path, part: str, n_pairs: int, caps: Sequence[int | None], depths: Sequence[int], seed: int,
@@ -78,9 +76,8 @@ def measure(model: Path, part: str, n_pairs: int, caps: Sequence[int | None], de
             empty = engine.predict_detailed([(doc, h) for (_, _, doc), h in zip(items, hyps)], "chunk")
             rows[str(depth)] = {
                 "windows": float(np.mean(empty.num_windows)),
-                "found": {str(t): float(supported(got.probs, got.num_windows, t)[entailed].mean())
-                          for t in THRESHOLDS},
-                "false": {str(t): float(supported(empty.probs, empty.num_windows, t).mean()) for t in THRESHOLDS}}
+                "found": {str(t): float(supported(candidate(t), got)[entailed].mean()) for t in THRESHOLDS},
+                "false": {str(t): float(supported(candidate(t), empty).mean()) for t in THRESHOLDS}}
         out["caps"][str(cap)] = {"depths": rows, "seconds": time.perf_counter() - t0}
         logger.info("%s part, cap %s: %s", part, cap, json.dumps(rows))
     return out
