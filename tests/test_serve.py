@@ -273,7 +273,9 @@ BAD_REQUESTS = [
      "'semantic_negentropy', 'semantic_sets_confidence']"),
     ("/v1/ncp", {"response": "a", "sampled_responses": ["b"], "temperature": 1}, 422,
      "request body has unknown fields ['temperature']; allowed: response, sampled_responses, prompt, scorers, "
-     "use_best, question_aware"),
+     "use_best, question_aware, align_units"),
+    ("/v1/ncp", {"response": "a", "sampled_responses": ["b"], "align_units": "yes"}, 422,
+     "field 'align_units' must be true or false; got string"),
     ("/v1/ncp", {"response": "a", "sampled_responses": ["b"], "prompt": 7}, 422,
      "field 'prompt' must be a string; got number"),
     ("/v1/ncp", {"response": "a", "sampled_responses": ["b"], "question_aware": True}, 422,

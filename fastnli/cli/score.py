@@ -23,7 +23,8 @@ from fastnli.scorers.api import SCORERS, score
 from fastnli.scorers.records import check_record, record_prompts
 
 logger = logging.getLogger("fastnli")
-QUESTION_AWARE = {"auto": None, "on": True, "off": False}  # --question-aware -> score(question_aware=...)
+#: --question-aware / --align-units -> score(question_aware=..., align_units=...)
+QUESTION_AWARE = {"auto": None, "on": True, "off": False}
 
 
 def _read_csv(path: str | Path) -> list[dict[str, Any]]:
@@ -76,6 +77,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--question-aware", choices=["auto", "on", "off"], default="auto",
                    help="read each answer as an answer to its record's 'prompt': auto (default) where the model was "
                    "trained so (the embedded default model), on for any model, off for uqlm's exact inputs")
+    p.add_argument("--align-units", choices=["auto", "on", "off"], default="auto",
+                   help="rewrite the quantities of each compared answer in the other's units before NLI (\"354 "
+                   "miles\" against \"569 km\" reads as \"569 km\"): auto (default) where the model's manifest says "
+                   "so (the embedded default model), on for any model, off for uqlm's exact inputs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_engine_arguments(p)
     ray = p.add_argument_group("Ray (pip install 'fastnli[ray]')")
@@ -110,7 +115,8 @@ def _run_ray(args: argparse.Namespace, output: str, scorers: tuple[str, ...]) ->
     ds = score_dataset(args.input, args.model, scorers=scorers, use_best=args.use_best,
                        num_actors=_parse_actors(args.actors), num_cpus_per_actor=args.cpus_per_actor,
                        num_gpus_per_actor=args.gpus_per_actor, precision=args.precision, batch_rows=args.batch_rows,
-                       batch_policy=policy, question_aware=QUESTION_AWARE[args.question_aware])
+                       batch_policy=policy, question_aware=QUESTION_AWARE[args.question_aware],
+                       align_units=QUESTION_AWARE[args.align_units])
     n = write_scores(ds, output)
     logger.info("%d rows scored on Ray (%s actors) -> %s", n, args.actors, output)
     return 0
@@ -157,7 +163,7 @@ def _run(args: argparse.Namespace) -> int:
 
         result = score([r["response"] for r in rows], [r["sampled_responses"] for r in rows], scorers=scorers,
                        engine=engine, use_best=args.use_best, progress=advance, prompts=prompts,
-                       question_aware=question_aware)
+                       question_aware=question_aware, align_units=QUESTION_AWARE[args.align_units])
 
     def records() -> Iterator[dict[str, Any]]:
         for r, sr in zip(rows, result):

@@ -45,6 +45,8 @@ class NLIScorer:
             :func:`fastnli.scorers.questions.resolve_question_format`), each response is read as an answer to its
             row's ``prompt_column`` question; a batch without that column is scored on the answers alone unless
             ``require_prompts``.
+        align_units: rewrite each pair's hypothesis quantities in its premise's units (decided on the driver, as
+            :func:`fastnli.scorers.units.resolve_align_units`).
         id_column: a column whose value names a row in error messages (default: the row's place in its batch).
         batch_policy: the engine's batch policy (default: the device's).
     """
@@ -54,7 +56,8 @@ class NLIScorer:
                  max_length: int | None = 2000, response_column: str = "response",
                  samples_column: str = "sampled_responses", id_column: str | None = None,
                  batch_policy: BatchPolicy | None = None, prompt_column: str = "prompt",
-                 question_format: str | None = None, require_prompts: bool = False) -> None:
+                 question_format: str | None = None, require_prompts: bool = False, align_units: bool = False
+                 ) -> None:
         self.engine = NLIEngine(artifact.open(), device=device, precision=precision, batch_policy=batch_policy,
                                 session_config=SessionConfig(intra_op_threads=threads))
         require_three_way(self.engine.labels, f"scoring {list(scorers)} on Ray")
@@ -67,6 +70,7 @@ class NLIScorer:
         self.prompt_column = prompt_column
         self.question_format = question_format
         self.require_prompts = require_prompts
+        self.align_units = align_units
         self.columns = output_columns(self.scorers, use_best)
         logger.info("Ray actor engine ready: %r", self.engine)
 
@@ -101,7 +105,8 @@ class NLIScorer:
             raise ValueError(f"question_aware=True needs a {self.prompt_column!r} column (the question of each row); "
                              f"columns: {table.column_names}")
         plan = plan_scores(responses, samples, self.scorers, use_best=self.use_best, max_length=self.max_length,
-                           questions=questions, question_format=self.question_format or QUESTION_FORMAT)
+                           questions=questions, question_format=self.question_format or QUESTION_FORMAT,
+                           align_units=self.align_units)
         probs, stats = self.engine.predict_with_stats(plan.pairs)
         rows = score_rows(plan, probs)
         logger.debug("batch of %d rows: %d pairs, %d unique, %.2f s", len(rows), stats.pairs_in, stats.unique_pairs,

@@ -23,6 +23,7 @@ from fastnli.engine import BatchPolicy, cpu_auto_precision, read_manifest, resol
 from fastnli.engine.engine import PrecisionArg
 from fastnli.scorers.api import UQLM_MAX_LENGTH, check_max_length, check_scorers
 from fastnli.scorers.questions import resolve_question_format
+from fastnli.scorers.units import resolve_align_units
 
 logger = logging.getLogger("fastnli")
 
@@ -112,6 +113,7 @@ def score_dataset(
     id_column: str | None = None,
     prompt_column: str = "prompt",
     question_aware: bool | None = None,
+    align_units: bool | None = None,
     preserve_order: bool = True,
     share: ShareArg = "auto",
     cache_dir: str | Path | None = None,
@@ -139,6 +141,7 @@ def score_dataset(
         prompt_column, question_aware: the question of each row, and whether the model reads each answer with it
             (as :func:`fastnli.score`'s ``prompts`` and ``question_aware``: by default where the model was trained
             question-aware and the dataset has the column).
+        align_units: as :func:`fastnli.score`'s (default: the model's manifest says).
         preserve_order: keep the input's row order (default True; sets ``preserve_order`` in the execution options
             of the dataset's ``DataContext``, shared with the datasets it derives from).
         share: how the artifact reaches the actors: ``"auto"`` (default), ``"path"`` or ``"object_store"``
@@ -208,6 +211,7 @@ def score_dataset(
                              f"columns: {names}")
     question_format = None if question_aware is False else resolve_question_format(
         question_aware, [""], manifest.question_format)
+    aligned = resolve_align_units(align_units, manifest.align_units)
     if preserve_order:
         ds.context.execution_options.preserve_order = True
 
@@ -239,6 +243,7 @@ def score_dataset(
             "prompt_column": prompt_column,
             "question_format": question_format,
             "require_prompts": question_aware is True,
+            "align_units": aligned,
         },
         **kwargs,
     )

@@ -92,6 +92,9 @@ class Manifest:
     #: how the model reads long premises, when it was measured to read them better than ``WindowPolicy()``:
     #: :class:`fastnli.engine.windows.WindowPolicy` fields (the engine's default policy)
     window_policy: dict[str, Any] | None = None
+    #: whether scorers rewrite a hypothesis's quantities in the premise's units for this model by default
+    #: (:func:`fastnli.scorers.units.align_units`), when it was measured to judge pairs better so
+    align_units: bool = False
     #: the export's stages in order, ``{"stage": name, "seconds": wall-clock s, "cpu_seconds": the export process's
     #: CPU s}`` (empty for artifacts written before stages were timed)
     export_stages: list[dict[str, Any]] = field(default_factory=list)
@@ -140,6 +143,8 @@ def read_manifest(artifact_dir: str | Path) -> Manifest:
         raise ValueError(f"{path} is malformed ({type(exc).__name__}: {exc}); re-run the export") from None
     if not manifest.complete:
         raise ValueError(f"{path}: the export did not complete; re-run `fastnli export`")
+    if not isinstance(manifest.align_units, bool):
+        raise ValueError(f"{path}: field 'align_units' must be true or false; got {manifest.align_units!r}")
     for name, entry in manifest.precisions.items():
         if not artifact_file(artifact_dir, entry.file, f"{path}: precision {name!r}").is_file():
             raise ValueError(f"{path}: precision {name!r} names {entry.file!r}, which is missing; re-run the export")

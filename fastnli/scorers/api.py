@@ -27,6 +27,8 @@ from fastnli.scorers.questions import (
     validate_prompts,
     with_question,
 )
+from fastnli.scorers.units import align_units as align_pair
+from fastnli.scorers.units import model_aligns_units, resolve_align_units
 
 SCORERS: tuple[str, ...] = ("noncontradiction", "entailment", "semantic_negentropy", "semantic_sets_confidence")
 _SEMANTIC = {"semantic_negentropy", "semantic_sets_confidence"}
@@ -34,6 +36,9 @@ _SEMANTIC = {"semantic_negentropy", "semantic_sets_confidence"}
 UQLM_MAX_LENGTH = 2000
 
 logger = logging.getLogger("fastnli")
+#: ``_Prompt.index`` of a pair whose hypothesis, once its units are aligned, is the premise: scored as identical
+#: strings are, without the model
+SAME_TEXT = -2
 
 
 @dataclass
@@ -73,6 +78,7 @@ class ScoreResult:
     precision: str
     seconds: float
     question_format: str | None = None  # the question-aware input form used, or None: the answers alone
+    align_units: bool = False  # whether hypotheses' quantities were rewritten in the premise's units
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -138,17 +144,19 @@ class _Prompt:
     texts: list[str]  # [response] + samples
     uniq: list[str]
     pos: list[int]  # text position -> row in uniq
-    index: np.ndarray  # (k, k) global pair index, -1 where not needed
+    index: np.ndarray  # (k, k) global pair index, -1 where not needed, SAME_TEXT where the pair is one text
 
 
 def _plan(responses: Sequence[str], samples: Sequence[Sequence[str]], full: bool, max_length: int | None = None,
-          questions: Sequence[str] | None = None, question_format: str = QUESTION_FORMAT
+          questions: Sequence[str] | None = None, question_format: str = QUESTION_FORMAT, align_units: bool = False
           ) -> tuple[list[tuple[str, str]], list[_Prompt]]:
     """All directed pairs the scorers need, and each prompt's map into them.
 
     Identity (which texts are "the same string", scored 1 without the model) is decided on the full texts; the
-    pairs sent to the engine carry the texts cut to ``max_length`` characters, as uqlm's NLI cuts them, each put
-    after its prompt's question when ``questions`` are given.
+    pairs sent to the engine carry the texts cut to ``max_length`` characters, as uqlm's NLI cuts them, the
+    hypothesis's quantities in the premise's units with ``align_units``
+    (:func:`~fastnli.scorers.units.align_units`), each text put after its prompt's question when ``questions`` are
+    given.
     """
     pairs: list[tuple[str, str]] = []
     prompts = []
@@ -157,20 +165,32 @@ def _plan(responses: Sequence[str], samples: Sequence[Sequence[str]], full: bool
         uniq = list(dict.fromkeys(texts))
         row = {t: u for u, t in enumerate(uniq)}
         cut = uniq if max_length is None else [t[:max_length] for t in uniq]
-        if questions is not None:
-            cut = [with_question(questions[i], t, question_format) for t in cut]
+        question = None if questions is None else questions[i]
         k = len(uniq)
         index = np.full((k, k), -1, dtype=np.int64)
         for a in range(k) if full else (0,):
             for b in range(k) if full else range(1, k):
                 if a != b:
-                    index[a, b] = len(pairs)
-                    pairs.append((cut[a], cut[b]))
+                    index[a, b] = _add_pair(pairs, cut[a], cut[b], question, question_format, align_units)
                     if not full:
-                        index[b, a] = len(pairs)
-                        pairs.append((cut[b], cut[a]))
+                        index[b, a] = _add_pair(pairs, cut[b], cut[a], question, question_format, align_units)
         prompts.append(_Prompt(texts, uniq, [row[t] for t in texts], index))
     return pairs, prompts
+
+
+def _add_pair(pairs: list[tuple[str, str]], premise: str, hypothesis: str, question: str | None,
+              question_format: str, align_units: bool) -> int:
+    """Append the NLI pair of two answers to ``pairs`` in the plan's input form; its index, or :data:`SAME_TEXT`
+    (nothing appended) when the aligned hypothesis is the premise itself."""
+    if align_units:
+        hypothesis = align_pair(premise, hypothesis)
+        if hypothesis == premise:  # the same text once aligned: identical strings, as on the diagonal
+            return SAME_TEXT
+    if question is not None:
+        premise, hypothesis = (with_question(question, premise, question_format),
+                               with_question(question, hypothesis, question_format))
+    pairs.append((premise, hypothesis))
+    return len(pairs) - 1
 
 
 def _pairs_for(k: int, full: bool) -> int:
@@ -181,7 +201,8 @@ def _pairs_for(k: int, full: bool) -> int:
 
 def count_pairs(responses: Sequence[str], sampled_responses: Sequence[Sequence[str]],
                 scorers: Sequence[str] = ("noncontradiction",), return_matrix: bool = False) -> int:
-    """How many NLI pairs :func:`plan_scores` plans, computed in time linear in the texts without building a pair.
+    """How many NLI pairs :func:`plan_scores` plans (at most: with ``align_units`` a pair that becomes one text needs
+    no model), computed in time linear in the texts without building a pair.
 
     ``k`` unique texts (a response and its samples) need ``k(k - 1)`` pairs with a semantic scorer (or
     ``return_matrix``), else ``2(k - 1)``; a service refuses an over-limit request with it before any pair exists.
@@ -197,6 +218,7 @@ def _matrix(p: _Prompt, probs: np.ndarray) -> np.ndarray:
     have = p.index >= 0
     P[have] = probs[p.index[have]]
     P[np.arange(k), np.arange(k)] = (0.0, 0.0, 1.0)  # identical strings: entailment by definition (as uqlm)
+    P[p.index == SAME_TEXT] = (0.0, 0.0, 1.0)
     return P
 
 
@@ -213,6 +235,7 @@ class ScorePlan:
     scorers: tuple[str, ...]
     use_best: bool = False
     return_matrix: bool = False
+    align_units: bool = False
 
 
 def check_max_length(max_length: int | None) -> None:
@@ -223,12 +246,13 @@ def check_max_length(max_length: int | None) -> None:
 
 def _build_plan(responses: Sequence[str], sampled_responses: Sequence[Sequence[str]], scorer_set: tuple[str, ...],
                 use_best: bool, return_matrix: bool, max_length: int | None,
-                questions: Sequence[str] | None = None, question_format: str = QUESTION_FORMAT) -> ScorePlan:
+                questions: Sequence[str] | None = None, question_format: str = QUESTION_FORMAT,
+                align_units: bool = False) -> ScorePlan:
     full = bool(_SEMANTIC & set(scorer_set)) or return_matrix
-    pairs, prompts = _plan(responses, sampled_responses, full, max_length, questions, question_format)
+    pairs, prompts = _plan(responses, sampled_responses, full, max_length, questions, question_format, align_units)
     if max_length is not None and any(len(t) > max_length for p in prompts for t in p.uniq):
         logger.info("texts longer than max_length=%d characters are cut before NLI (as uqlm does)", max_length)
-    return ScorePlan(pairs, prompts, scorer_set, use_best, return_matrix)
+    return ScorePlan(pairs, prompts, scorer_set, use_best, return_matrix, align_units)
 
 
 def _checked(responses: Sequence[str], sampled_responses: Sequence[Sequence[str]], scorers: Sequence[str],
@@ -249,12 +273,14 @@ def plan_scores(
     max_length: int | None = UQLM_MAX_LENGTH,
     questions: Sequence[str] | None = None,
     question_format: str = QUESTION_FORMAT,
+    align_units: bool = False,
 ) -> ScorePlan:
     """Validate the inputs and plan the NLI pairs of :func:`score` without running an engine.
 
-    Arguments and defaults are :func:`score`'s, except that the question-aware form is decided by the caller:
+    Arguments and defaults are :func:`score`'s, except that the input forms are decided by the caller:
     ``questions`` (one per response, or None: the answers alone) are used as given, in ``question_format``
-    (:func:`~fastnli.scorers.questions.resolve_question_format` decides it from ``score``'s arguments).
+    (:func:`~fastnli.scorers.questions.resolve_question_format` decides it from ``score``'s arguments), and
+    ``align_units`` as given (:func:`~fastnli.scorers.units.resolve_align_units` decides it).
     ``score_rows(plan, engine.predict(plan.pairs))`` gives the same rows as ``score(...)``; a service uses it to
     send the pairs of many requests through one shared batcher.
 
@@ -263,7 +289,7 @@ def plan_scores(
     """
     scorer_set, questions = _checked(responses, sampled_responses, scorers, max_length, questions)
     return _build_plan(responses, sampled_responses, scorer_set, use_best, return_matrix, max_length, questions,
-                       question_format)
+                       question_format, align_units)
 
 
 def score_rows(plan: ScorePlan, probs: np.ndarray) -> list[ScoreRow]:
@@ -317,6 +343,7 @@ def score(
     max_length: int | None = UQLM_MAX_LENGTH,
     prompts: Sequence[str] | None = None,
     question_aware: bool | None = None,
+    align_units: bool | None = None,
 ) -> ScoreResult:
     """Score each response against its sampled responses with NLI-based consistency scorers.
 
@@ -345,6 +372,11 @@ def score(
         question_aware: None (default): use ``prompts`` only when the model was trained question-aware (its
             manifest's ``question_format``: the embedded default model); any other model gets uqlm's exact inputs.
             True: use them with any model; False: never. ``ScoreResult.question_format`` says what was used.
+        align_units: rewrite the quantities of each pair's hypothesis in its premise's units before NLI
+            (:func:`~fastnli.scorers.units.align_units`: "354 miles" against "569 kilometres" is read as "569
+            kilometres", "182 miles" as "293 kilometres"). None (default): where the model's manifest says so
+            (``align_units``: the embedded default model); any other model gets uqlm's exact inputs. True/False:
+            always/never. ``ScoreResult.align_units`` says what was used.
 
     Returns:
         A :class:`ScoreResult` with one :class:`ScoreRow` per response, in input order.
@@ -363,9 +395,11 @@ def score(
         engine = default_engine()
     require_three_way(getattr(engine, "labels", CANONICAL_LABELS), f"fastnli.score (scorers {list(scorer_set)})")
     fmt = resolve_question_format(question_aware, prompts, model_question_format(engine))
+    aligned = resolve_align_units(align_units, model_aligns_units(engine))
     plan = _build_plan(responses, sampled_responses, scorer_set, use_best, return_matrix, max_length,
-                       prompts if fmt else None, fmt or QUESTION_FORMAT)
+                       prompts if fmt else None, fmt or QUESTION_FORMAT, aligned)
     probs, stats = engine.predict_with_stats(plan.pairs, progress)  # the one scheduled engine pass
     rows = score_rows(plan, probs)
     return ScoreResult(rows=rows, scorers=plan.scorers, stats=stats, device=engine.device,
-                       precision=engine.precision, seconds=time.perf_counter() - t0, question_format=fmt)
+                       precision=engine.precision, seconds=time.perf_counter() - t0, question_format=fmt,
+                       align_units=aligned)

@@ -55,6 +55,7 @@ from fastnli.engine.labels import CANONICAL_LABELS, require_three_way
 from fastnli.engine.protocol import EngineLike
 from fastnli.scorers.api import score_rows
 from fastnli.scorers.questions import model_question_format
+from fastnli.scorers.units import model_aligns_units
 from fastnli.serve.batcher import DynamicBatcher, Overloaded, ShuttingDown, TooLarge, WorkRate
 from fastnli.serve.config import ENV_VARS, ServeConfig
 from fastnli.serve.decoding import BodyDecoder
@@ -328,8 +329,8 @@ async def _ncp(state: ServeState, request: Request) -> Response:
         require_three_way(state.labels, "/v1/ncp")
     except ValueError as exc:
         raise ApiError(422, str(exc)) from None
-    parse = partial(ncp_request, config=state.config,
-                    model_question_format=model_question_format(state.engine))
+    parse = partial(ncp_request, config=state.config, model_question_format=model_question_format(state.engine),
+                    model_align_units=model_aligns_units(state.engine))
     batched, items = await _parsed(state, request, parse)
     plans = [it.plan() for it in items]
     probs = await _run_pairs(state, request, [pair for p in plans for pair in p.pairs])

@@ -24,7 +24,10 @@ _NCP_IN = {"type": "object", "required": ["response", "sampled_responses"], "pro
     "use_best": {"type": "boolean", "default": False},
     "prompt": {"type": "string", "description": "the question the responses answer (question-aware scoring)"},
     "question_aware": {"type": ["boolean", "null"], "default": None,
-                       "description": "null: use the prompt where the model was trained question-aware"}}}
+                       "description": "null: use the prompt where the model was trained question-aware"},
+    "align_units": {"type": ["boolean", "null"], "default": None,
+                    "description": "rewrite quantities in the other answer's units before NLI; null: the model's "
+                                   "default (on for the embedded model)"}}}
 _NCP_OUT = {"type": "object", "properties": {
     "num_samples": {"type": "integer"}, "noncontradiction": {"type": ["number", "null"]},
     "entailment": {"type": ["number", "null"]}, "semantic_negentropy": {"type": ["number", "null"]},

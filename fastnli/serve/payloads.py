@@ -209,7 +209,7 @@ def parse_tei_inputs(value: Any, config: ServeConfig) -> tuple[list[tuple[str, s
     return [_pair(item, f"inputs[{i}]", config) for i, item in enumerate(raw)], True
 
 
-NCP_FIELDS = ("response", "sampled_responses", "prompt", "scorers", "use_best", "question_aware")
+NCP_FIELDS = ("response", "sampled_responses", "prompt", "scorers", "use_best", "question_aware", "align_units")
 
 
 def item_where(prefix: str) -> str:
@@ -229,22 +229,25 @@ class NcpItem:
     prompt: str | None
     question_format: str | None  # None: the answers alone
     n_pairs: int
+    align_units: bool = False
 
     def plan(self) -> ScorePlan:
         """The item's :class:`ScorePlan` (422 for what only the scorers' own checks find)."""
         try:
             return plan_scores([self.response], [self.samples], scorers=self.scorers, use_best=self.use_best,
                                questions=[self.prompt] if self.question_format and self.prompt is not None else None,
-                               question_format=self.question_format or QUESTION_FORMAT)
+                               question_format=self.question_format or QUESTION_FORMAT, align_units=self.align_units)
         except (TypeError, ValueError) as exc:
             raise ApiError(422, f"{self.where}: {exc}") from None
 
 
-def ncp_item(item: Any, prefix: str, config: ServeConfig, model_question_format: str | None = None) -> NcpItem:
+def ncp_item(item: Any, prefix: str, config: ServeConfig, model_question_format: str | None = None,
+             model_align_units: bool = False) -> NcpItem:
     """One ``/v1/ncp`` item (``prefix`` ``"[i]."`` in a batched body) validated, with its pair count.
 
     ``model_question_format``: the served model's ``manifest.question_format``, which decides whether an item's
-    ``prompt`` is used by default (``question_aware`` absent or null), as in :func:`fastnli.scorers.score`."""
+    ``prompt`` is used by default (``question_aware`` absent or null); ``model_align_units``: its
+    ``manifest.align_units``, the default of ``align_units``; both as in :func:`fastnli.scorers.score`."""
     where = item_where(prefix)
     obj = require_object(item, where)
     refuse_unknown(obj, NCP_FIELDS, where)
@@ -276,7 +279,10 @@ def ncp_item(item: Any, prefix: str, config: ServeConfig, model_question_format:
         fmt = resolve_question_format(question_aware, None if prompt is None else [prompt], model_question_format)
     except (TypeError, ValueError) as exc:
         raise ApiError(422, f"{where}: {exc}") from None
-    return NcpItem(where, response, samples, scorers, use_best, prompt, fmt, count_pairs([response], [samples], scorers))
+    align_units = obj.get("align_units")
+    align_units = model_align_units if align_units is None else require_bool(align_units, f"field '{prefix}align_units'")
+    return NcpItem(where, response, samples, scorers, use_best, prompt, fmt, count_pairs([response], [samples], scorers),
+                   align_units)
 
 
 def _items(body: Any, config: ServeConfig, parse_item: Callable[[Any, str], T]) -> tuple[bool, list[T]]:
@@ -288,11 +294,12 @@ def _items(body: Any, config: ServeConfig, parse_item: Callable[[Any, str], T]) 
     return batched, [parse_item(item, f"[{i}]." if batched else "") for i, item in enumerate(raw)]
 
 
-def ncp_request(body: Any, config: ServeConfig, model_question_format: str | None = None
-                ) -> tuple[bool, list[NcpItem]]:
+def ncp_request(body: Any, config: ServeConfig, model_question_format: str | None = None,
+                model_align_units: bool = False) -> tuple[bool, list[NcpItem]]:
     """A ``/v1/ncp`` body (one item or a list of them) validated: ``(batched, items)``; the pair count of all items is
-    checked before any pair is built."""
-    batched, items = _items(body, config, lambda item, prefix: ncp_item(item, prefix, config, model_question_format))
+    checked before any pair is built. The model defaults are :func:`ncp_item`'s."""
+    batched, items = _items(body, config, lambda item, prefix: ncp_item(item, prefix, config, model_question_format,
+                                                                        model_align_units))
     check_pair_count(sum(it.n_pairs for it in items), "the request needs", config)
     return batched, items
 

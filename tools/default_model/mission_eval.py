@@ -16,6 +16,9 @@ Run from the repository root::
 
     python -m tools.default_model.mission_eval --rows /tmp/ans/test.jsonl --model default
     python -m tools.default_model.mission_eval --rows /tmp/ans/dev.jsonl --hf /tmp/exp/m1   # a torch checkpoint
+
+``--align-units`` reads every pair as the scorers do with ``align_units`` (:mod:`fastnli.scorers.units`): the
+hypothesis's quantities in the premise's units, and a pair that becomes one text scored as identical strings are.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ import argparse
 import json
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fastnli.scorers.units import align_units
 from tools.default_model.answer_data import MEANING_KEPT, ONE_WAY, VALUE_SWAPS, read_jsonl
 
 LABELS = ("contradiction", "neutral", "entailment")
@@ -121,14 +125,27 @@ def gate_indices(rows: Sequence[dict[str, Any]], every: int = 10) -> list[int]:
     return [i for i, r in enumerate(rows) if r["pair_id"] in keep or i in singles]
 
 
-def engine_probs(model: str | None, rows: Sequence[dict[str, Any]]) -> np.ndarray:
+def row_probs(predict: Callable[[list[tuple[str, str]]], np.ndarray], rows: Sequence[dict[str, Any]],
+              aligned: bool = False) -> np.ndarray:
+    """``predict``'s probabilities ``[N, 3]`` of the rows' pairs; with ``aligned``, of the pairs as the scorers read
+    them with ``align_units`` (a pair that becomes one text gets (0, 0, 1), as identical strings, without the model)."""
+    pairs = [(r["premise"], align_units(r["premise"], r["hypothesis"]) if aligned else r["hypothesis"]) for r in rows]
+    out = np.tile(np.array([0.0, 0.0, 1.0], dtype=np.float32), (len(rows), 1))
+    todo = [i for i, (p, h) in enumerate(pairs) if not aligned or p != h]
+    if todo:
+        out[todo] = predict([pairs[i] for i in todo])
+    return out
+
+
+def engine_probs(model: str | None, rows: Sequence[dict[str, Any]], aligned: bool = False) -> np.ndarray:
     from fastnli.engine import NLIEngine
 
     engine = NLIEngine.from_pretrained(model, device="cpu")
-    return engine.predict([(r["premise"], r["hypothesis"]) for r in rows])
+    return row_probs(engine.predict, rows, aligned)
 
 
-def hf_probs(path: Path, rows: Sequence[dict[str, Any]], batch_size: int = 64, max_length: int = 512) -> np.ndarray:
+def hf_probs(path: Path, rows: Sequence[dict[str, Any]], aligned: bool = False, batch_size: int = 64,
+             max_length: int = 512) -> np.ndarray:
     """Probabilities of a HF checkpoint with the label order of :data:`LABELS` (torch, fp32, length-sorted)."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -136,16 +153,19 @@ def hf_probs(path: Path, rows: Sequence[dict[str, Any]], batch_size: int = 64, m
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForSequenceClassification.from_pretrained(path).eval()
     cols = [model.config.label2id[name] for name in LABELS]
-    lengths = [len(r["premise"]) + len(r["hypothesis"]) for r in rows]
-    order = np.argsort(lengths, kind="stable")
-    out = np.zeros((len(rows), 3), dtype=np.float32)
-    with torch.inference_mode():
-        for s in range(0, len(rows), batch_size):
-            idx = order[s : s + batch_size]
-            enc = tok([rows[i]["premise"] for i in idx], [rows[i]["hypothesis"] for i in idx], truncation=True,
-                      max_length=max_length, padding=True, return_tensors="pt")
-            out[idx] = torch.softmax(model(**enc).logits.float(), -1)[:, cols].numpy()
-    return out
+
+    def predict(pairs: list[tuple[str, str]]) -> np.ndarray:
+        order = np.argsort([len(p) + len(h) for p, h in pairs], kind="stable")
+        out = np.zeros((len(pairs), 3), dtype=np.float32)
+        with torch.inference_mode():
+            for s in range(0, len(pairs), batch_size):
+                idx = order[s : s + batch_size]
+                enc = tok([pairs[i][0] for i in idx], [pairs[i][1] for i in idx], truncation=True,
+                          max_length=max_length, padding=True, return_tensors="pt")
+                out[idx] = torch.softmax(model(**enc).logits.float(), -1)[:, cols].numpy()
+        return out
+
+    return row_probs(predict, rows, aligned)
 
 
 def render(result: dict[str, Any]) -> str:
@@ -172,10 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--model", help="a fastnli model: 'default' (the embedded one) or an artifact directory")
     src.add_argument("--hf", type=Path, help="a HF checkpoint directory, run with torch fp32")
     p.add_argument("--json", type=Path, help="also write the result as JSON here")
+    p.add_argument("--align-units", action="store_true", help="read the pairs as the scorers do with align_units")
     args = p.parse_args(argv)
     rows = read_jsonl(args.rows)
-    probs = (hf_probs(args.hf, rows) if args.hf is not None
-             else engine_probs(None if args.model == "default" else args.model, rows))
+    probs = (hf_probs(args.hf, rows, args.align_units) if args.hf is not None
+             else engine_probs(None if args.model == "default" else args.model, rows, args.align_units))
     result = evaluate(rows, probs)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

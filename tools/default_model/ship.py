@@ -150,9 +150,10 @@ def cpu_run(int8: NLIEngine, splits: dict[str, list[dict[str, str]]], gate: dict
     return run
 
 
-def mission_probs(engine: NLIEngine, rows: list[dict[str, Any]]) -> np.ndarray:
-    """``engine``'s probabilities of answer_data rows (one engine pass)."""
-    return engine.predict([(r["premise"], r["hypothesis"]) for r in rows])
+def mission_probs(engine: NLIEngine, rows: list[dict[str, Any]], aligned: bool = False) -> np.ndarray:
+    """``engine``'s probabilities of answer_data rows (one engine pass); ``aligned``: as the scorers read them with
+    ``align_units``."""
+    return mission_eval.row_probs(engine.predict, rows, aligned)
 
 
 def mission(engine: NLIEngine, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -173,6 +174,28 @@ def question_aware_decision(dev: dict[str, Any]) -> dict[str, Any]:
     return {"default": bool(use), "rule": "question-aware inputs by default when, on the dev part, their agreement "
             "AUROC and their mean of (value swaps flagged, meaning kept both ways) are both at least the bare "
             "answers'", "dev_bare": bare, "dev_question": aware}
+
+
+#: the categories whose pairs state one quantity in two units
+UNIT_CATEGORIES = ("unit_equivalent", "unit_swap")
+
+
+def align_units_decision(dev: dict[str, Any], dev_aligned: dict[str, Any], test_aligned: dict[str, Any]
+                         ) -> dict[str, Any]:
+    """Whether the scorers should align units for the model by default, from the dev part: yes when aligned pairs
+    score the unit categories better (their mean) and no form's value swaps flagged, meaning kept or agreement AUROC
+    is lower. ``test_aligned`` is reported only."""
+    def units(r: dict[str, Any]) -> float:
+        return float(np.mean([r["categories"][c]["value"] for c in UNIT_CATEGORIES]))
+
+    worse = [f"{form} {key}" for form, g in dev["groups"].items() for key, v in g.items()
+             if dev_aligned["groups"][form][key] < v - 1e-9]
+    use = units(dev_aligned) > units(dev) and not worse
+    return {"default": bool(use), "rule": "units aligned by default when, on the dev part, the unit categories "
+            f"({', '.join(UNIT_CATEGORIES)}) score higher on average and no form's value swaps flagged, meaning kept "
+            "or agreement AUROC is lower", "dev": {"plain": units(dev), "aligned": units(dev_aligned), "lower": worse},
+            "test_aligned": {"categories": {c: test_aligned["categories"][c] for c in UNIT_CATEGORIES},
+                             "groups": test_aligned["groups"]}}
 
 
 def merge_cpu_run(runs: list[dict[str, Any]], run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -592,6 +615,22 @@ def before_text(q: dict[str, Any]) -> str:
     return f'"before" is the model of artifact `{before["artifact_hash"][:16]}…`{where}.'
 
 
+def align_units_text(q: dict[str, Any]) -> str:
+    """The model card's paragraph on unit alignment (empty for records without the decision)."""
+    a = q.get("align_units")
+    if not a:
+        return ""
+    test = a["test_aligned"]
+    cats = ", ".join(f"{c} {v['value']:.3f}" for c, v in test["categories"].items())
+    groups = "; ".join(f"{form}: value swaps {g['value_swaps']:.3f}, meaning kept {g['meaning_kept']:.3f}, AUROC "
+                       f"{g['agreement_auroc']:.3f}" for form, g in test["groups"].items())
+    return (f"Units aligned by default: {'yes' if a['default'] else 'no'} (`fastnli.scorers.units`: the scorers write "
+            "a compared answer's quantities in the other's units before NLI, so the model compares numbers in one "
+            f"unit; {a['rule']}; dev part, unit categories {a['dev']['plain']:.3f} as written, {a['dev']['aligned']:.3f} "
+            f"aligned). Test part with aligned units (the table above reads the pairs as written): {cats}; {groups}."
+            "\n\n")
+
+
 def mission_section(q: dict[str, Any]) -> str:
     """The model card's section on the job (answers to one question, long premises); empty for records without it."""
     if "mission" not in q:
@@ -609,7 +648,7 @@ NCP's pair score 1 - (p_c(a, b) + p_c(b, a)) / 2. {before_text(q)}
 dev part, bare answers {json.dumps(q["question_aware"]["dev_bare"])}, question-aware
 {json.dumps(q["question_aware"]["dev_question"])}).
 
-"""
+{align_units_text(q)}"""
 
 
 def model_card(q: dict[str, Any], manifest: dict[str, Any]) -> str:
@@ -770,6 +809,13 @@ def main() -> None:
     quality["mission_gate"] = {"every_nth": MISSION_GATE_EVERY, "rows": len(gate), "int8": mission_eval.evaluate(
         [parts["test"][i] for i in gate], probs["test"][gate])["groups"]}
     quality["question_aware"] = question_aware_decision(quality["mission"]["dev"])
+    aligned = {p: mission_eval.evaluate(parts[p], mission_probs(engines["int8"], parts[p], aligned=True))
+               for p in parts}
+    quality["align_units"] = align_units_decision(quality["mission"]["dev"], aligned["dev"], aligned["test"])
+    if quality["align_units"]["default"]:  # the gate checks what the scorers compute by default too
+        quality["mission_gate"]["int8_aligned"] = mission_eval.evaluate(
+            [parts["test"][i] for i in gate], mission_probs(engines["int8"], [parts["test"][i] for i in gate],
+                                                            aligned=True))["groups"]
     before: Path = args.before or args.out
     quality["probes"] = {"now": probe_results(engines["int8"])}
     if args.previous_mission is not None:
@@ -799,6 +845,7 @@ def main() -> None:
     data["precisions"] = {"int8": data["precisions"]["int8"]}  # only the INT8 graph ships
     data["source"] = SHIPPED_SOURCE  # not the training directory the export read
     data["question_format"] = QUESTION_FORMAT if quality["question_aware"]["default"] else None
+    data["align_units"] = quality["align_units"]["default"]
     (out / MANIFEST_NAME).write_text(json.dumps(data, indent=2, sort_keys=True))
     a = training["args"]  # the selection text is rendered from the arguments, whatever the log says
     training["recipe"]["selection"] = selection_text(a["select_on"], a["eval_slice"], a["eval_every"])

@@ -1,0 +1,251 @@
+"""Unit alignment: the quantities of a hypothesis rewritten into the premise's units before NLI.
+
+A small NLI model compares "569 kilometres" with "354 miles" by their digits, not by converting them: it cannot tell
+the right conversion from a wrong one. :func:`align_units` does the conversion, so that the model compares numbers in
+one unit, which it does well:
+
+- "The river is 354 miles long." against the premise "The river is 569 kilometres long." becomes "The river is 569
+  kilometres long." (354 miles, as stated to the unit, is 569 km as stated to the kilometre: the same quantity);
+- "... 182 miles long." becomes "... 293 kilometres long." (a different quantity, written in the premise's unit).
+
+Only quantities with a unit of the table below are touched, only when the premise states a quantity of the same
+dimension in another unit and none in the hypothesis's own unit; everything else in the text is kept byte for byte.
+Two quantities are the same when their intervals as stated (half a unit of the last written digit either side;
+round numbers: see :func:`_half`) overlap, widened by :data:`RELATIVE_SLACK` for rounded conversion factors
+("5 miles" is "8 km").
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+#: the relative tolerance of "the same quantity" on top of the stated precision (1 mile = 1.6 km, 1 inch = 2.5 cm)
+RELATIVE_SLACK = 0.01
+#: the most a round whole number ("300 m", "1,000 feet") may stand for either side, relative to its value
+ROUND_NUMBER_PRECISION = 0.025
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One unit: its dimension and the conversion of a value to and from the dimension's base unit."""
+
+    name: str
+    dimension: str
+    to_base: Callable[[float], float]
+    from_base: Callable[[float], float]
+
+
+def _linear(name: str, dimension: str, factor: float) -> Unit:
+    return Unit(name, dimension, lambda v: v * factor, lambda v: v / factor)
+
+
+def _affine(name: str, factor: float, offset: float) -> Unit:
+    """A temperature scale: kelvin = value * factor + offset."""
+    return Unit(name, "temperature", lambda v: v * factor + offset, lambda k: (k - offset) / factor)
+
+
+_MILE = 1609.344
+_FOOT = 0.3048
+_GALLON = 3.785411784e-3
+_YEAR = 365.2425 * 86400
+#: written forms of each unit (matched case-insensitively, longest first; symbols are matched case-sensitively)
+_UNIT_FORMS: tuple[tuple[Unit, tuple[str, ...], tuple[str, ...]], ...] = (
+    # length (base: metre)
+    (_linear("millimetre", "length", 1e-3), ("millimetres", "millimeters", "millimetre", "millimeter"), ("mm",)),
+    (_linear("centimetre", "length", 1e-2), ("centimetres", "centimeters", "centimetre", "centimeter"), ("cm",)),
+    (_linear("metre", "length", 1.0), ("metres", "meters", "metre", "meter"), ("m",)),
+    (_linear("kilometre", "length", 1e3), ("kilometres", "kilometers", "kilometre", "kilometer"), ("km",)),
+    (_linear("inch", "length", 0.0254), ("inches", "inch"), ()),
+    (_linear("foot", "length", _FOOT), ("feet", "foot"), ("ft",)),
+    (_linear("yard", "length", 0.9144), ("yards", "yard"), ("yd",)),
+    (_linear("mile", "length", _MILE), ("miles", "mile"), ("mi",)),
+    (_linear("nautical mile", "length", 1852.0), ("nautical miles", "nautical mile"), ("nmi",)),
+    # mass (base: kilogram)
+    (_linear("milligram", "mass", 1e-6), ("milligrams", "milligram"), ("mg",)),
+    (_linear("gram", "mass", 1e-3), ("grams", "gram", "grammes", "gramme"), ("g",)),
+    (_linear("kilogram", "mass", 1.0), ("kilograms", "kilogram", "kilos", "kilo"), ("kg",)),
+    (_linear("tonne", "mass", 1e3), ("tonnes", "tonne", "metric tons", "metric ton"), ()),
+    (_linear("ounce", "mass", 0.028349523125), ("ounces", "ounce"), ("oz",)),
+    (_linear("pound", "mass", 0.45359237), ("pounds", "pound"), ("lbs", "lb")),
+    # time (base: second)
+    (_linear("second", "time", 1.0), ("seconds", "second", "secs", "sec"), ()),
+    (_linear("minute", "time", 60.0), ("minutes", "minute", "mins", "min"), ()),
+    (_linear("hour", "time", 3600.0), ("hours", "hour", "hrs", "hr"), ("h",)),
+    (_linear("day", "time", 86400.0), ("days", "day"), ()),
+    (_linear("week", "time", 7 * 86400.0), ("weeks", "week"), ()),
+    (_linear("month", "time", _YEAR / 12), ("months", "month"), ()),
+    (_linear("year", "time", _YEAR), ("years", "year"), ()),
+    # temperature (base: kelvin)
+    (_affine("degree Celsius", 1.0, 273.15),
+     ("degrees celsius", "degree celsius", "degrees centigrade", "degrees c", "celsius", "centigrade"), ("°C", "ºC")),
+    (_affine("degree Fahrenheit", 5 / 9, 273.15 - 32 * 5 / 9),
+     ("degrees fahrenheit", "degree fahrenheit", "degrees f", "fahrenheit"), ("°F", "ºF")),
+    (_affine("kelvin", 1.0, 0.0), ("kelvins", "kelvin"), ()),
+    # volume (base: cubic metre)
+    (_linear("millilitre", "volume", 1e-6), ("millilitres", "milliliters", "millilitre", "milliliter"), ("ml", "mL")),
+    (_linear("litre", "volume", 1e-3), ("litres", "liters", "litre", "liter"), ("l", "L")),
+    (_linear("cubic metre", "volume", 1.0), ("cubic metres", "cubic meters", "cubic metre", "cubic meter"),
+     ("m³", "m3")),
+    (_linear("US gallon", "volume", _GALLON), ("us gallons", "us gallon", "gallons", "gallon"), ("gal",)),
+    (_linear("imperial gallon", "volume", 4.54609e-3), ("imperial gallons", "imperial gallon"), ()),
+    # speed (base: metre per second)
+    (_linear("kilometre per hour", "speed", 1e3 / 3600),
+     ("kilometres per hour", "kilometers per hour", "kilometre per hour", "kilometer per hour", "kilometres an hour",
+      "kilometers an hour"), ("km/h", "kph", "km/hr")),
+    (_linear("mile per hour", "speed", _MILE / 3600), ("miles per hour", "mile per hour", "miles an hour"), ("mph",)),
+    (_linear("metre per second", "speed", 1.0),
+     ("metres per second", "meters per second", "metre per second", "meter per second"), ("m/s",)),
+    (_linear("knot", "speed", 1852 / 3600), ("knots", "knot"), ("kn",)),
+    # area (base: square metre)
+    (_linear("square metre", "area", 1.0), ("square metres", "square meters", "square metre", "square meter"),
+     ("m²", "m2", "sq m")),
+    (_linear("square kilometre", "area", 1e6),
+     ("square kilometres", "square kilometers", "square kilometre", "square kilometer"), ("km²", "km2", "sq km")),
+    (_linear("square mile", "area", _MILE ** 2), ("square miles", "square mile"), ("sq mi", "mi²")),
+    (_linear("square foot", "area", _FOOT ** 2), ("square feet", "square foot"), ("sq ft", "ft²")),
+    (_linear("hectare", "area", 1e4), ("hectares", "hectare"), ("ha",)),
+    (_linear("acre", "area", 4046.8564224), ("acres", "acre"), ()),
+)
+_WORDS = {form: unit for unit, words, _ in _UNIT_FORMS for form in words}
+_SYMBOLS = {form: unit for unit, _, symbols in _UNIT_FORMS for form in symbols}
+# not a digit of a longer number, an identifier or an amount of money ("$5m" is five million)
+_NUMBER = r"(?<![\w.,$£€])(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)"
+
+
+def _alternation(forms: list[str]) -> str:
+    return "|".join(re.escape(f).replace(r"\ ", r"\s+") for f in sorted(forms, key=len, reverse=True))
+
+
+# a number, optional space (or "-" as in "5-kilometre"), a unit form that ends at a word boundary; a one-letter
+# symbol only after a space ("5g" is rather a network, "4h" a club)
+_QUANTITY = re.compile(_NUMBER + r"(?:\s*|-)(?:(?i:(" + _alternation(list(_WORDS)) + r"))|("
+                       + _alternation([f for f in _SYMBOLS if len(f) > 1]) + r")|(?<=\s)("
+                       + _alternation([f for f in _SYMBOLS if len(f) == 1]) + r"))(?![\w²³])")
+# what may join the parts of one compound quantity ("5 feet 11 inches", "2 hours and 30 minutes")
+_JOINER = re.compile(r"\s*(?:,|and|,\s*and)?\s*", re.I)
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """A quantity as written at ``span`` of a text (``text``): ``base`` in its dimension's base unit, with the
+    interval ``[lo, hi]`` it stands for as stated (half a unit of the last written digit either side). ``unit``,
+    ``decimals`` and ``unit_text`` are those of its last part (a compound such as "5 feet 11 inches" has several)."""
+
+    base: float
+    lo: float
+    hi: float
+    unit: Unit
+    decimals: int
+    number: str
+    unit_text: str
+    text: str
+    span: tuple[int, int]
+    parts: int = 1
+
+    def written_in_my_unit(self, base: float) -> str:
+        """``base`` written in this quantity's (last part's) unit, with as many decimals (more when that would read
+        as this quantity itself), thousands separated as this one is."""
+        value = self.unit.from_base(base)
+        for decimals in range(self.decimals, self.decimals + 4):
+            number = f"{value:,.{decimals}f}" if "," in self.number else f"{value:.{decimals}f}"
+            if number != self.number:
+                break
+        return f"{number} {self.unit_text}"
+
+
+def _half(number: str, value: float) -> float:
+    """Half the precision ``number`` is stated to: half a unit of its last decimal; for a whole number ending in
+    zeros ("1,000 feet" converted from 300 m), half a unit of its last non-zero digit, but at most
+    :data:`ROUND_NUMBER_PRECISION` of the value."""
+    if "." in number:
+        return 0.5 * 10.0 ** -len(number.split(".")[1])
+    digits = number.replace(",", "").lstrip("-")
+    zeros = len(digits) - len(digits.rstrip("0")) if digits.strip("0") else 0
+    return max(0.5, min(0.5 * 10.0 ** zeros, ROUND_NUMBER_PRECISION * abs(value)))
+
+
+def _part(m: re.Match[str]) -> Quantity:
+    number, word, symbol = m.group(1), m.group(2), m.group(3) or m.group(4)
+    unit = _WORDS[" ".join(word.lower().split())] if word else _SYMBOLS[" ".join(symbol.split())]
+    decimals = len(number.split(".")[1]) if "." in number else 0
+    value = float(number.replace(",", ""))
+    lo, hi = sorted((unit.to_base(value - _half(number, value)), unit.to_base(value + _half(number, value))))
+    return Quantity(unit.to_base(value), lo, hi, unit, decimals, number, word or symbol, m.group(0), m.span())
+
+
+def quantities(text: str) -> list[Quantity]:
+    """Every quantity with a known unit in ``text``, in order of appearance; the parts of a compound quantity
+    ("5 feet 11 inches": same dimension, each unit smaller than the one before, joined by space, comma or "and")
+    make one quantity."""
+    out: list[Quantity] = []
+    for m in _QUANTITY.finditer(text):
+        q = _part(m)
+        prev = out[-1] if out else None
+        if (prev is not None and prev.unit.dimension == q.unit.dimension and prev.unit.dimension != "temperature"
+                and prev.unit.to_base(1.0) > q.unit.to_base(1.0)
+                and _JOINER.fullmatch(text, prev.span[1], q.span[0])):
+            zero = q.unit.to_base(0.0)
+            q = Quantity(prev.base + q.base - zero, prev.base + q.lo - zero, prev.base + q.hi - zero, q.unit,
+                         q.decimals, q.number, q.unit_text, text[prev.span[0]:q.span[1]], (prev.span[0], q.span[1]), prev.parts + 1)
+            out[-1] = q
+        else:
+            out.append(q)
+    return out
+
+
+def _same(a: Quantity, b: Quantity) -> bool:
+    """Whether ``a`` and ``b`` can be one quantity: their stated intervals overlap, widened by RELATIVE_SLACK of
+    ``a`` (its distance from its unit's zero, in base units)."""
+    slack = RELATIVE_SLACK * abs(a.base - a.unit.to_base(0.0))
+    return a.lo - slack <= b.hi and b.lo <= a.hi + slack
+
+
+def align_units(premise: str, hypothesis: str) -> str:
+    """``hypothesis`` with each quantity that the premise states in another unit of its dimension rewritten in the
+    premise's unit: as the premise writes it when they are the same quantity, converted otherwise.
+
+    A hypothesis quantity is left as it is when the premise has none of its dimension, or one in the same unit
+    (both of one part: "2 hours 30 minutes" and "150 minutes" are still aligned).
+    When the premise has several of the dimension, the one nearest in value is the reference. The text outside the
+    rewritten quantities is unchanged; a text without quantities comes back as it is.
+    """
+    theirs = quantities(premise)
+    if not theirs:
+        return hypothesis
+    out, last = [], 0
+    for q in quantities(hypothesis):
+        same_dim = [p for p in theirs if p.unit.dimension == q.unit.dimension]
+        if not same_dim or any(p.unit is q.unit and p.parts == q.parts == 1 for p in same_dim):
+            continue
+        ref = min(same_dim, key=lambda p: _distance(p.base, q.base))
+        out += [hypothesis[last:q.span[0]], ref.text if _same(ref, q) else ref.written_in_my_unit(q.base)]
+        last = q.span[1]
+    return "".join(out) + hypothesis[last:] if out else hypothesis
+
+
+def _distance(a: float, b: float) -> float:
+    """How far apart two base values are: the log of their ratio when both are positive."""
+    return abs(math.log(a / b)) if a > 0 and b > 0 else abs(a - b)
+
+
+def model_aligns_units(engine: Any) -> bool:
+    """Whether an engine's model reads pairs with aligned units by default (its manifest's ``align_units``; False
+    for engines without a manifest, such as test doubles)."""
+    return bool(getattr(getattr(engine, "manifest", None), "align_units", False))
+
+
+def resolve_align_units(align_units: bool | None, model_default: bool) -> bool:
+    """Whether to align units: ``align_units`` when given, else the model's default (:func:`model_aligns_units`).
+
+    Raises:
+        TypeError: ``align_units`` neither a bool nor None.
+    """
+    if align_units is None:
+        return model_default
+    if not isinstance(align_units, bool):
+        raise TypeError(f"align_units must be True, False or None (the model's default); got {align_units!r}")
+    return align_units
