@@ -72,10 +72,13 @@ def test_mission_gate(engine: NLIEngine) -> None:
     test = answer_data.build(SHARED_DATA, long_train=0)["test"]
     rows = [test[i] for i in mission_eval.gate_indices(test, gate["every_nth"])]
     assert len(rows) == gate["rows"]
-    groups = mission_eval.evaluate(rows, engine.predict([(r["premise"], r["hypothesis"]) for r in rows]))["groups"]
-    for form, figures in gate["int8"].items():
-        for key, value in figures.items():
-            assert abs(groups[form][key] - value) <= ACCURACY_MARGIN, (form, key, groups[form][key], value)
+    for key, aligned in (("int8", False), ("int8_aligned", True)):  # as written; as the scorers read them
+        if key not in gate:
+            continue
+        groups = mission_eval.evaluate(rows, mission_eval.row_probs(engine.predict, rows, aligned))["groups"]
+        for form, figures in gate[key].items():
+            for name, value in figures.items():
+                assert abs(groups[form][name] - value) <= ACCURACY_MARGIN, (key, form, name, groups[form][name], value)
 
 
 def test_wrong_samples_lower_ncp_in_the_main_jobs_examples() -> None:

@@ -288,7 +288,7 @@ BAD_REQUESTS = [
      "documents[0] is a mapping without a 'text' field (keys: ['title']); give a string or {'title': ..., "
      "'text': ...}"),
     ("/v1/calm/check", {"answer": "a", "config": {"threshold": 0.5}}, 422,
-     "field 'config' has unknown fields ['threshold']; allowed: accept_share, check_citations, "
+     "field 'config' has unknown fields ['threshold']; allowed: accept_share, align_units, check_citations, "
      "contradiction_threshold, entailment_rule, entailment_threshold, long_premise, min_citation_recall, "
      "window_entailment_threshold"),
     ("/v1/calm/check", {"answer": "a", "config": {"long_premise": "cut"}}, 422,

@@ -126,7 +126,8 @@ def test_checks_take_the_engines_window_threshold_unless_given_one(engine: NLIEn
         assert CheckConfig(window_entailment_threshold=0.3).for_engine(engine).window_entailment_threshold == 0.3
     finally:
         engine.window_planner.policy = original
-    assert CheckConfig().for_engine(object()) == CheckConfig()  # an engine without windows changes nothing
+    # an engine without windows or a manifest keeps the window threshold, and reads pairs as given
+    assert CheckConfig().for_engine(object()) == CheckConfig(align_units=False)
 
 
 def test_grounding_threshold_is_plain_for_one_source_and_the_window_threshold_for_several(engine: NLIEngine) -> None:

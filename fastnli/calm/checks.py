@@ -64,6 +64,7 @@ from fastnli.calm.statements import Statement, split_sentences, split_statements
 from fastnli.engine.labels import CANONICAL_LABELS, CONTRADICTION, ENTAILMENT_COLUMN
 from fastnli.engine.protocol import EngineLike
 from fastnli.engine.windows import LongPremise, PairWindows, check_long_premise, window_threshold
+from fastnli.scorers.units import align_units, model_aligns_units, resolve_align_units
 
 __all__ = ["AnswerCheck", "AnswerInput", "CheckConfig", "CheckPlan", "EngineLike", "PairPlan", "StatementCheck",
            "CheckCost", "check_answers", "check_cost", "finish_checks", "plan_checks", "rouge_l"]
@@ -89,6 +90,9 @@ class CheckConfig:
         min_citation_recall: when set, acceptance also needs this citation recall (default None: not used).
         check_citations: compute ALCE citation support (default True); False plans no citation pairs.
         long_premise: ``"chunk"`` (default: read long premises in windows) or ``"truncate"``.
+        align_units: write each statement's quantities in its premise's units before NLI
+            (:func:`fastnli.scorers.units.align_units`: a document's "569 km" supports "354 miles"); default None:
+            where the engine's model says so (its manifest's ``align_units``), once the config meets the engine.
     """
 
     entailment_rule: Literal["threshold", "argmax"] = "threshold"
@@ -99,9 +103,11 @@ class CheckConfig:
     min_citation_recall: float | None = None
     check_citations: bool = True
     long_premise: LongPremise = "chunk"
+    align_units: bool | None = None
 
     def __post_init__(self) -> None:
         check_long_premise(self.long_premise)
+        resolve_align_units(self.align_units, False)  # a bool or None
         if self.entailment_rule not in ("threshold", "argmax"):
             raise ValueError(f"entailment_rule={self.entailment_rule!r} is not supported; use 'threshold' or 'argmax'")
         for name in ("entailment_threshold", "contradiction_threshold", "accept_share"):
@@ -114,12 +120,16 @@ class CheckConfig:
                 raise ValueError(f"{name}={value} must be within [0, 1] (or None)")
 
     def for_engine(self, engine: Any) -> CheckConfig:
-        """This config with ``window_entailment_threshold`` taken from ``engine``'s window policy when it is None
-        and the policy names one (an engine without a ``window_planner`` changes nothing)."""
+        """This config with the engine's defaults where it has None: ``window_entailment_threshold`` from
+        ``engine``'s window policy when the policy names one (an engine without a ``window_planner`` changes
+        nothing), ``align_units`` from its model's manifest (False without one)."""
         bar = window_threshold(engine)
-        if self.window_entailment_threshold is not None or bar is None:
-            return self
-        return replace(self, window_entailment_threshold=bar)
+        changes: dict[str, Any] = {}
+        if self.window_entailment_threshold is None and bar is not None:
+            changes["window_entailment_threshold"] = bar
+        if self.align_units is None:
+            changes["align_units"] = model_aligns_units(engine)
+        return replace(self, **changes) if changes else self
 
     def entails(self, probs: np.ndarray, windowed: bool = False) -> bool:
         """The entailment decision for one probability row, entailment last (3-way or 2-way head); ``windowed``:
@@ -254,15 +264,23 @@ class PairPlan:
     def __len__(self) -> int:
         return len(self.pairs)
 
+    def align(self) -> None:
+        """Write every hypothesis's quantities in its premise's units (:func:`fastnli.scorers.units.align_units`);
+        the planned rows stay as they are."""
+        self.pairs = [(p, align_units(p, h)) for p, h in self.pairs]
+
     def add(self, premise: str, hypothesis: str) -> int:
         """Plan one pair; returns its row in :meth:`read`'s output."""
         self.pairs.append((premise, hypothesis))
         self.overflow.append(pair_overflows(premise, hypothesis, self.max_length))
         return len(self.pairs) - 1
 
-    def expand(self, engine: Any, long_premise: LongPremise = "chunk") -> None:
+    def expand(self, engine: Any, long_premise: LongPremise = "chunk", align: bool = False) -> None:
         """Measure the pairs with the engine's tokenizer and cut long premises into windows (``"chunk"``); an
-        engine without a ``window_planner`` (a stub) keeps the pairs whole and the token estimate's flags."""
+        engine without a ``window_planner`` (a stub) keeps the pairs whole and the token estimate's flags.
+        ``align``: first write the hypotheses' quantities in their premises' units (:meth:`align`)."""
+        if align:
+            self.align()
         planner = getattr(engine, "window_planner", None)
         if planner is None or not self.pairs:
             return
@@ -302,12 +320,13 @@ class PairPlan:
                            "longest_first (the premise, usually the documents, loses its end); the results flag them "
                            "as truncated", n_over, len(self.pairs), measured, self.max_length)
 
-    def run(self, engine: EngineLike, long_premise: LongPremise = "chunk") -> tuple[np.ndarray, np.ndarray, Any]:
+    def run(self, engine: EngineLike, long_premise: LongPremise = "chunk", align: bool = False
+            ) -> tuple[np.ndarray, np.ndarray, Any]:
         """The one engine call: ``(rows (N, k), best_window (N,), the engine's CallStats or None when nothing was
-        planned)``; long premises are expanded first (:meth:`expand`)."""
+        planned)``; units aligned (``align``) and long premises expanded first (:meth:`expand`)."""
         if not self.pairs:
             return np.zeros((0, 3), dtype=np.float32), np.zeros(0, dtype=np.int64), None
-        self.expand(engine, long_premise)
+        self.expand(engine, long_premise, align)
         self.warn_truncation()
         probs, stats = engine.predict_with_stats(self.model_pairs)
         probs = np.asarray(probs, dtype=np.float32)
@@ -565,10 +584,11 @@ class CheckPlan:
 
     def expand(self, engine: Any) -> CheckPlan:
         """Measure the pairs with ``engine``'s tokenizer and cut long premises (``config.long_premise``), and take
-        the engine's window threshold into the config (:meth:`CheckConfig.for_engine`); returns self. An engine
-        without a tokenizer (a stub) leaves the pairs whole."""
+        the engine's defaults into the config (:meth:`CheckConfig.for_engine`; with ``align_units`` the statements'
+        quantities are written in their premises' units first); returns self. An engine without a tokenizer (a stub)
+        leaves the pairs whole."""
         self.config = self.config.for_engine(engine)
-        self.pair_plan.expand(engine, self.config.long_premise)
+        self.pair_plan.expand(engine, self.config.long_premise, bool(self.config.align_units))
         return self
 
 
@@ -616,5 +636,5 @@ def check_answers(answers: Sequence[AnswerInput], engine: EngineLike, config: Ch
         the pass (None when no pair was needed and the engine was not called).
     """
     plan = plan_checks(answers, (config or CheckConfig()).for_engine(engine), engine_max_length(engine))
-    rows, best, stats = plan.pair_plan.run(engine, plan.config.long_premise)
+    rows, best, stats = plan.pair_plan.run(engine, plan.config.long_premise, bool(plan.config.align_units))
     return _finish(plan, rows, best), stats

@@ -16,7 +16,14 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from fastnli.cli.common import add_engine_arguments, engine_from_args, read_jsonl, write_jsonl
+from fastnli.cli.common import (
+    SWITCH,
+    add_align_units_argument,
+    add_engine_arguments,
+    engine_from_args,
+    read_jsonl,
+    write_jsonl,
+)
 
 logger = logging.getLogger("fastnli")
 
@@ -75,7 +82,7 @@ def _add_calm_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accept-share", type=float, default=0.8,
                    help="least share of corroborated statements to accept (default 0.8)")
     p.add_argument("--entailment-threshold", type=float, default=0.5, help="P(entailment) > this entails (default 0.5)")
-    _add_window_threshold(p)
+    _add_engine_defaults(p)
     p.add_argument("--on-error", default="record", choices=["record", "raise"],
                    help="record: a failing query gets an error in its line, the others go on (default); raise: stop")
     p.add_argument("--no-prompts", action="store_true", help="leave the prompts out of the trace")
@@ -96,7 +103,8 @@ def _run_calm(args: argparse.Namespace) -> int:
                         max_tokens=args.max_tokens, timeout=args.timeout, max_retries=args.max_retries)
            for role in ("main", "verifier")]
     config = CheckConfig(accept_share=args.accept_share, entailment_threshold=args.entailment_threshold,
-                         window_entailment_threshold=args.window_entailment_threshold)
+                         window_entailment_threshold=args.window_entailment_threshold,
+                         align_units=SWITCH[args.align_units])
     engine = engine_from_args(args)
     with Progress(TextColumn("CaLM queries"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=args.no_progress, transient=True) as bar:
@@ -131,10 +139,12 @@ def _run_calm(args: argparse.Namespace) -> int:
     return 1 if errors else 0
 
 
-def _add_window_threshold(p: argparse.ArgumentParser) -> None:
+def _add_engine_defaults(p: argparse.ArgumentParser) -> None:
+    """The engine-default arguments of the checks: the window threshold and unit alignment."""
     p.add_argument("--window-entailment-threshold", type=float, default=None,
                    help="P(entailment) > this entails a premise read in windows (default: the model's window "
                    "threshold, named by the embedded default model's manifest; else --entailment-threshold)")
+    add_align_units_argument(p, "each statement")
 
 
 def _add_alce_arguments(p: argparse.ArgumentParser) -> None:
@@ -143,7 +153,7 @@ def _add_alce_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--entailment-rule", default="threshold", choices=["threshold", "argmax"],
                    help="threshold: P(entailment) > --entailment-threshold (default); argmax: entailment most probable")
     p.add_argument("--entailment-threshold", type=float, default=0.5, help="default 0.5")
-    _add_window_threshold(p)
+    _add_engine_defaults(p)
     p.add_argument("--long-premise", default="chunk", choices=["chunk", "truncate"],
                    help="cited documents longer than the model: chunk (default) reads them in windows, truncate cuts")
     add_engine_arguments(p)
@@ -160,7 +170,8 @@ def _run_alce(args: argparse.Namespace) -> int:
         r["_documents"] = _documents(args.input, r)
     engine = engine_from_args(args)
     config = CheckConfig(entailment_rule=args.entailment_rule, entailment_threshold=args.entailment_threshold,
-                         window_entailment_threshold=args.window_entailment_threshold, long_premise=args.long_premise)
+                         window_entailment_threshold=args.window_entailment_threshold, long_premise=args.long_premise,
+                         align_units=SWITCH[args.align_units])
     result = alce_citations([r["answer"] for r in rows], [r["_documents"] for r in rows], engine, config)
 
     def records() -> Iterator[dict[str, Any]]:

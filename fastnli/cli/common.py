@@ -46,6 +46,18 @@ def add_engine_arguments(p: argparse.ArgumentParser, model_required: bool = Fals
     p.add_argument("--max-batch-size", type=int, default=None, help="row cap per batch")
 
 
+#: an auto/on/off switch's value as the library's ``None``/``True``/``False`` (the model's default, always, never)
+SWITCH = {"auto": None, "on": True, "off": False}
+
+
+def add_align_units_argument(p: argparse.ArgumentParser, what: str) -> None:
+    """``--align-units auto|on|off``: ``align_units`` of the scorers or checks (``SWITCH[args.align_units]``)."""
+    p.add_argument("--align-units", choices=list(SWITCH), default="auto",
+                   help=f"write the quantities of {what} in the other text's units before NLI (\"354 miles\" against "
+                   "\"569 km\" reads as \"569 km\"): auto (default) where the model's manifest says so (the embedded "
+                   "default model), on for any model, off for uqlm's exact inputs")
+
+
 def engine_from_args(args: argparse.Namespace) -> Any:
     """The engine the options of :func:`add_engine_arguments` ask for."""
     from fastnli.engine import NLIEngine

@@ -17,14 +17,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fastnli.cli.common import add_engine_arguments, engine_from_args, read_jsonl, write_jsonl
+from fastnli.cli.common import (
+    SWITCH,
+    add_align_units_argument,
+    add_engine_arguments,
+    engine_from_args,
+    read_jsonl,
+    write_jsonl,
+)
 from fastnli.engine import CPU_POLICY, CUDA_POLICY
 from fastnli.scorers.api import SCORERS, score
 from fastnli.scorers.records import check_record, record_prompts
 
 logger = logging.getLogger("fastnli")
-#: --question-aware / --align-units -> score(question_aware=..., align_units=...)
-QUESTION_AWARE = {"auto": None, "on": True, "off": False}
 
 
 def _read_csv(path: str | Path) -> list[dict[str, Any]]:
@@ -77,10 +82,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--question-aware", choices=["auto", "on", "off"], default="auto",
                    help="read each answer as an answer to its record's 'prompt': auto (default) where the model was "
                    "trained so (the embedded default model), on for any model, off for uqlm's exact inputs")
-    p.add_argument("--align-units", choices=["auto", "on", "off"], default="auto",
-                   help="rewrite the quantities of each compared answer in the other's units before NLI (\"354 "
-                   "miles\" against \"569 km\" reads as \"569 km\"): auto (default) where the model's manifest says "
-                   "so (the embedded default model), on for any model, off for uqlm's exact inputs")
+    add_align_units_argument(p, "each compared answer")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_engine_arguments(p)
     ray = p.add_argument_group("Ray (pip install 'fastnli[ray]')")
@@ -115,8 +117,8 @@ def _run_ray(args: argparse.Namespace, output: str, scorers: tuple[str, ...]) ->
     ds = score_dataset(args.input, args.model, scorers=scorers, use_best=args.use_best,
                        num_actors=_parse_actors(args.actors), num_cpus_per_actor=args.cpus_per_actor,
                        num_gpus_per_actor=args.gpus_per_actor, precision=args.precision, batch_rows=args.batch_rows,
-                       batch_policy=policy, question_aware=QUESTION_AWARE[args.question_aware],
-                       align_units=QUESTION_AWARE[args.align_units])
+                       batch_policy=policy, question_aware=SWITCH[args.question_aware],
+                       align_units=SWITCH[args.align_units])
     n = write_scores(ds, output)
     logger.info("%d rows scored on Ray (%s actors) -> %s", n, args.actors, output)
     return 0
@@ -150,7 +152,7 @@ def _run(args: argparse.Namespace) -> int:
         return _run_ray(args, args.output, scorers)
     rows = read_score_input(args.input)
     prompts = record_prompts(rows, [f"{args.input}:{r['_line']}" for r in rows])
-    question_aware = QUESTION_AWARE[args.question_aware]
+    question_aware = SWITCH[args.question_aware]
     if question_aware is True and prompts is None:
         raise ValueError(f"--question-aware on needs a 'prompt' field (the question) in every record of {args.input}")
     engine = engine_from_args(args)
@@ -163,7 +165,7 @@ def _run(args: argparse.Namespace) -> int:
 
         result = score([r["response"] for r in rows], [r["sampled_responses"] for r in rows], scorers=scorers,
                        engine=engine, use_best=args.use_best, progress=advance, prompts=prompts,
-                       question_aware=question_aware, align_units=QUESTION_AWARE[args.align_units])
+                       question_aware=question_aware, align_units=SWITCH[args.align_units])
 
     def records() -> Iterator[dict[str, Any]]:
         for r, sr in zip(rows, result):
@@ -176,9 +178,9 @@ def _run(args: argparse.Namespace) -> int:
     write_jsonl(args.output, records())
     st = result.stats
     logger.info("%d responses, %d pairs (%d unique, dedup %.2fx) in %d batches, padding efficiency %.3f, "
-                "device %s, precision %s, question-aware %s, %.2f s", len(rows), st.pairs_in, st.unique_pairs,
-                st.dedup_ratio, st.batches, st.padding_efficiency, result.device, result.precision,
-                "yes" if result.question_format else "no", result.seconds)
+                "device %s, precision %s, question-aware %s, units aligned %s, %.2f s", len(rows), st.pairs_in,
+                st.unique_pairs, st.dedup_ratio, st.batches, st.padding_efficiency, result.device, result.precision,
+                "yes" if result.question_format else "no", "yes" if result.align_units else "no", result.seconds)
     return 0
 
 

@@ -45,7 +45,8 @@ _CALM_IN = {"type": "object", "required": ["answer"], "properties": {
         "contradiction_threshold": {"type": "number"},
         "accept_share": {"type": "number"}, "min_citation_recall": {"type": ["number", "null"]},
         "check_citations": {"type": "boolean"},
-        "long_premise": {"type": "string", "enum": ["chunk", "truncate"], "default": "chunk"}}}}}
+        "long_premise": {"type": "string", "enum": ["chunk", "truncate"], "default": "chunk"},
+        "align_units": {"type": ["boolean", "null"], "default": None}}}}}
 _GROUNDING_IN = {"type": "object", "required": ["documents"], "properties": {
     "statements": {"type": "array", "items": {"type": "string"}, "description": "the statements (or send answer)"},
     "answer": {"type": "string", "description": "a text split into statements (or send statements)"},
