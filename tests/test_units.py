@@ -182,3 +182,23 @@ def test_calm_checks_align_statements_to_their_documents() -> None:
     with pytest.raises(TypeError, match=re.escape("align_units must be True, False or None (the model's default); "
                                                   "got 1")):
         CheckConfig(align_units=1)  # type: ignore[arg-type]
+
+
+def test_grounding_aligns_each_statement_to_each_source() -> None:
+    from fastnli.calm.grounding import grounding
+    from fastnli.serve.config import ServeConfig
+    from fastnli.serve.payloads import ApiError, grounding_item
+
+    docs = ["The river is 569 kilometres long. It is 300 m wide."]
+    engine = RecordingEngine(align=True)
+    res = grounding(["The river is 354 miles long."], docs, engine, granularity="sentence")
+    assert engine.calls[0] == [(KM, KM), ("It is 300 m wide.", "The river is 569708 m long.")]
+    assert res.supported == [True]
+    plain = RecordingEngine(align=True)
+    assert grounding(["The river is 354 miles long."], docs, plain, granularity="sentence",
+                     align_units=False).supported == [False]
+    body = {"statements": ["a"], "documents": ["b"]}
+    assert grounding_item(body, ServeConfig())[5] is None
+    assert grounding_item({**body, "align_units": False}, ServeConfig())[5] is False
+    with pytest.raises(ApiError, match=re.escape("field 'align_units' must be true or false; got number")):
+        grounding_item({**body, "align_units": 1}, ServeConfig())

@@ -40,6 +40,7 @@ from fastnli.engine.labels import CANONICAL_LABELS, CONTRADICTION, ENTAILMENT_CO
 from fastnli.engine.protocol import EngineLike
 from fastnli.engine.sentences import sentence_spans
 from fastnli.engine.windows import window_threshold
+from fastnli.scorers.units import align_units, model_aligns_units, resolve_align_units
 
 __all__ = ["GroundingPlan", "GroundingResult", "finish_grounding", "grounding", "plan_grounding"]
 
@@ -112,16 +113,20 @@ class GroundingResult:
 
 @dataclass
 class GroundingPlan:
-    """The pairs of one grounding call: ``pairs[s * len(sources) + u] = (sources[u], statements[s])``."""
+    """The pairs of one grounding call: ``pairs[s * len(sources) + u] = (sources[u], statements[s])``, the statement
+    in the source's units with ``align_units``."""
 
     statements: list[str]
     sources: list[str]
     source_documents: list[int]
     granularity: str
     threshold: float
+    align_units: bool = False
 
     @property
     def pairs(self) -> list[tuple[str, str]]:
+        if self.align_units:
+            return [(u, align_units(u, s)) for s in self.statements for u in self.sources]
         return [(u, s) for s in self.statements for u in self.sources]
 
 
@@ -150,7 +155,8 @@ def _default_threshold(engine: Any, n_sources: int) -> float:
 
 
 def plan_grounding(statements: str | Sequence[str], documents: Sequence[Any], engine: Any,
-                   granularity: Granularity = "window", threshold: float | None = None) -> GroundingPlan:
+                   granularity: Granularity = "window", threshold: float | None = None,
+                   align_units: bool | None = None) -> GroundingPlan:
     """The sources and pairs of :func:`grounding` (arguments as there), without running the engine.
 
     Raises:
@@ -184,7 +190,8 @@ def plan_grounding(statements: str | Sequence[str], documents: Sequence[Any], en
         raise ValueError("documents hold no text to ground statements in (every document is empty)")
     if threshold is None:
         threshold = _default_threshold(engine, len(sources))
-    return GroundingPlan(texts, sources, owners, granularity, threshold)
+    aligned = resolve_align_units(align_units, model_aligns_units(engine))
+    return GroundingPlan(texts, sources, owners, granularity, threshold, aligned)
 
 
 def finish_grounding(plan: GroundingPlan, probs: np.ndarray, labels: Sequence[str] = CANONICAL_LABELS
@@ -223,7 +230,8 @@ def finish_grounding(plan: GroundingPlan, probs: np.ndarray, labels: Sequence[st
 
 
 def grounding(statements: str | Sequence[str], documents: Sequence[Any], engine: EngineLike | None = None,
-              granularity: Granularity = "window", threshold: float | None = None) -> GroundingResult:
+              granularity: Granularity = "window", threshold: float | None = None,
+              align_units: bool | None = None) -> GroundingResult:
     """How well ``statements`` are grounded in ``documents``: the (statement × source) NLI matrix, SummaC-ZS and
     the max-over-sources aggregate, from one engine pass (see the module docstring for the formulas).
 
@@ -235,6 +243,8 @@ def grounding(statements: str | Sequence[str], documents: Sequence[Any], engine:
         granularity: ``"window"`` (default) or ``"sentence"``.
         threshold: ``supported`` means ``entailment > threshold`` (default None: 0.5 when the documents are one
             source, the engine's window threshold when they are several; the result's ``threshold`` says which).
+        align_units: write each statement's quantities in the units of the source it meets
+            (:func:`fastnli.scorers.units.align_units`; default None: where the model's manifest says so).
 
     Raises:
         TypeError / ValueError: naming the bad field.
@@ -244,7 +254,7 @@ def grounding(statements: str | Sequence[str], documents: Sequence[Any], engine:
         from fastnli.engine import default_engine
 
         engine = default_engine()
-    plan = plan_grounding(statements, documents, engine, granularity, threshold)
+    plan = plan_grounding(statements, documents, engine, granularity, threshold, align_units)
     pairs = plan.pairs
     probs, stats = engine.predict_with_stats(pairs) if pairs else (np.zeros((0, 0), dtype=np.float32), None)
     labels = tuple(getattr(engine, "labels", CANONICAL_LABELS))

@@ -208,7 +208,7 @@ def _run_grounding(args: argparse.Namespace) -> int:
         try:
             statements = r["statements"] if "statements" in r else r["answer"]
             plans.append(plan_grounding(statements, _documents(args.input, r), engine, args.granularity,
-                                        args.threshold))
+                                        args.threshold, SWITCH[args.align_units]))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{where}: {exc}") from None
     pairs = [pair for plan in plans for pair in plan.pairs]
@@ -250,5 +250,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="supported: max entailment > this (default: 0.5 for one source, the model's window threshold "
                    "for several, named by the embedded default model's manifest)")
     p.add_argument("--matrix", action="store_true", help="write the probability tensor (probs) too")
+    add_align_units_argument(p, "each statement")
     add_engine_arguments(p)
     p.set_defaults(func=_run_grounding)

@@ -373,11 +373,12 @@ async def _calm_check(state: ServeState, request: Request) -> Response:
 
 
 async def _grounding(state: ServeState, request: Request) -> Response:
-    statements, docs, granularity, threshold, matrix = await _parsed(
+    statements, docs, granularity, threshold, matrix, align_units = await _parsed(
         state, request, partial(grounding_item, config=state.config))
     _ready(state)
     try:
-        plan = await asyncio.to_thread(plan_grounding, statements, docs, state.engine, granularity, threshold)
+        plan = await asyncio.to_thread(plan_grounding, statements, docs, state.engine, granularity, threshold,
+                                       align_units)
     except (TypeError, ValueError) as exc:
         raise ApiError(422, str(exc)) from None
     pairs = plan.pairs

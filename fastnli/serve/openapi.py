@@ -53,7 +53,9 @@ _GROUNDING_IN = {"type": "object", "required": ["documents"], "properties": {
     "documents": {"type": "array", "items": _DOC, "minItems": 1},
     "granularity": {"type": "string", "enum": ["window", "sentence"], "default": "window"},
     "threshold": {"type": ["number", "null"], "default": None,
-                  "description": "null: 0.5 for one source, the model's window threshold for several"}, "matrix": {"type": "boolean", "default": True}}}
+                  "description": "null: 0.5 for one source, the model's window threshold for several"},
+    "matrix": {"type": "boolean", "default": True},
+    "align_units": {"type": ["boolean", "null"], "default": None, "description": "null: the model's default"}}}
 _PREDICTION = {"type": "array", "items": {"type": "object", "properties": {
     "label": {"type": "string"}, "score": {"type": "number"}}}}
 

@@ -36,7 +36,7 @@ _CHECK_TYPES = typing.get_type_hints(CheckConfig)
 CALM_FIELDS = ("answer", "documents", "verifier_answer", "config")
 PREDICT_FIELDS = ("inputs", "raw_scores", "truncate", "truncation_direction")
 #: The fields of a ``/v1/grounding`` body.
-GROUNDING_FIELDS = ("statements", "answer", "documents", "granularity", "threshold", "matrix")
+GROUNDING_FIELDS = ("statements", "answer", "documents", "granularity", "threshold", "matrix", "align_units")
 
 
 class ApiError(Exception):
@@ -355,12 +355,13 @@ def calm_request(body: Any, config: ServeConfig) -> tuple[bool, list[tuple[Answe
 
 
 def grounding_item(body: Any, config: ServeConfig
-                   ) -> tuple[list[str], list[Document], Granularity, float | None, bool]:
-    """A ``/v1/grounding`` body validated: ``(statements, documents, granularity, threshold, matrix)``.
+                   ) -> tuple[list[str], list[Document], Granularity, float | None, bool, bool | None]:
+    """A ``/v1/grounding`` body validated: ``(statements, documents, granularity, threshold, matrix, align_units)``.
 
     ``statements`` is a list of strings, or ``answer`` a text split into statements; ``documents`` strings or
     ``{"title", "text"}`` objects; ``granularity`` ``"window"`` (default) or ``"sentence"``; ``threshold`` in [0, 1]
-    (default None: :func:`fastnli.grounding`'s); ``matrix`` (default true) returns the probability tensor.
+    (default None: :func:`fastnli.grounding`'s); ``matrix`` (default true) returns the probability tensor;
+    ``align_units`` true/false (default null: the model's).
     """
     obj = require_object(body)
     refuse_unknown(obj, GROUNDING_FIELDS, "request body")
@@ -387,7 +388,10 @@ def grounding_item(body: Any, config: ServeConfig
         raise ApiError(422, f"field 'threshold' is {threshold!r}; send a number within [0, 1] (or null: the "
                             "model's default)")
     matrix = require_bool(obj.get("matrix", True), "field 'matrix'")
-    return statements, docs, granularity, None if threshold is None else float(threshold), matrix
+    align_units = obj.get("align_units")
+    if align_units is not None:
+        align_units = require_bool(align_units, "field 'align_units'")
+    return statements, docs, granularity, None if threshold is None else float(threshold), matrix, align_units
 
 
 def parse_predict(body: Any, config: ServeConfig) -> tuple[list[tuple[str, str]], bool, bool, bool]:
