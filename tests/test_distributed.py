@@ -220,3 +220,20 @@ def test_actor_reads_answers_with_their_question_when_told(art_v1: Path) -> None
     with pytest.raises(ValueError, match=re.escape("question_aware=True needs a 'prompt' column (the question of "
                                                    "each row); columns: ['response', 'sampled_responses']")):
         plain(table.drop(["prompt"]))
+
+
+def test_actor_aligns_units_when_told(art_v1: Path) -> None:
+    """The actor itself (no cluster): with ``align_units`` its scores equal fastnli.score's aligned ones."""
+    import pyarrow as pa
+
+    from fastnli.distributed.actor import NLIScorer
+    from fastnli.distributed.artifact import share_artifact
+
+    shared = share_artifact(art_v1, ("fp32",), share="path")
+    responses, samples = ["It is 569 km long."], [["It is 354 miles long.", "It is 182 miles long."]]
+    table = pa.table({"response": responses, "sampled_responses": samples})
+    for align in (False, True):
+        actor = NLIScorer(shared, precision="fp32", align_units=align)
+        got = actor(table).column("noncontradiction").to_pylist()
+        assert got == score(responses, samples, engine=actor.engine, align_units=align).column("noncontradiction")
+    assert got != score(responses, samples, engine=actor.engine, align_units=False).column("noncontradiction")
