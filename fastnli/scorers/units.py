@@ -190,7 +190,8 @@ def quantities(text: str) -> list[Quantity]:
                 and _JOINER.fullmatch(text, prev.span[1], q.span[0])):
             zero = q.unit.to_base(0.0)
             q = Quantity(prev.base + q.base - zero, prev.base + q.lo - zero, prev.base + q.hi - zero, q.unit,
-                         q.decimals, q.number, q.unit_text, text[prev.span[0]:q.span[1]], (prev.span[0], q.span[1]), prev.parts + 1)
+                         q.decimals, q.number, q.unit_text, text[prev.span[0]:q.span[1]], (prev.span[0], q.span[1]),
+                         prev.parts + 1)
             out[-1] = q
         else:
             out.append(q)

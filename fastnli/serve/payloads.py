@@ -280,9 +280,10 @@ def ncp_item(item: Any, prefix: str, config: ServeConfig, model_question_format:
     except (TypeError, ValueError) as exc:
         raise ApiError(422, f"{where}: {exc}") from None
     align_units = obj.get("align_units")
-    align_units = model_align_units if align_units is None else require_bool(align_units, f"field '{prefix}align_units'")
+    if align_units is not None:
+        align_units = require_bool(align_units, f"field '{prefix}align_units'")
     return NcpItem(where, response, samples, scorers, use_best, prompt, fmt, count_pairs([response], [samples], scorers),
-                   align_units)
+                   model_align_units if align_units is None else align_units)
 
 
 def _items(body: Any, config: ServeConfig, parse_item: Callable[[Any, str], T]) -> tuple[bool, list[T]]:
