@@ -43,9 +43,13 @@ from fastnli.scorers.units import align_units, quantities, resolve_align_units
     ("Water boils at 100 °C.", "Water boils at 90 °F.", "Water boils at 32 °C."),
     ("The film runs 150 minutes.", "It runs 2 hours, 20 minutes.", "It runs 140 minutes."),
     ("It holds 2.5 litres", "It holds 2 gallons", "It holds 7.6 litres"),
-    # left as written: one unit already, no quantity of the dimension, or no unit the table knows
+    # one unit already: the premise's words for an equal number, else left to the model
+    ("Water boils at 100 °C.", "Water boils at 100 degrees Celsius.", "Water boils at 100 °C."),
+    ("It is 1,000 km away.", "It is 1000 kilometres away.", "It is 1,000 km away."),
     ("Water boils at 100 degrees Celsius.", "Water boils at 90 degrees Celsius.",
      "Water boils at 90 degrees Celsius."),
+    ("The race is 10 km.", "The race is 10.4 km.", "The race is 10.4 km."),
+    # left as written: no quantity of the dimension, or no unit the table knows
     ("The river is 569 km long.", "It took 3 hours.", "It took 3 hours."),
     ("The Berlin Wall fell in 1989.", "The Berlin Wall fell in 1991.", "The Berlin Wall fell in 1991."),
     ("It was built in the 1990s.", "It took 3 years.", "It took 3 years."),  # a decade is not 1990 seconds

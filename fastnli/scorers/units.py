@@ -209,10 +209,11 @@ def align_units(premise: str, hypothesis: str) -> str:
     """``hypothesis`` with each quantity that the premise states in another unit of its dimension rewritten in the
     premise's unit: as the premise writes it when they are the same quantity, converted otherwise.
 
-    A hypothesis quantity is left as it is when the premise has none of its dimension, or one in the same unit
-    (both of one part: "2 hours 30 minutes" and "150 minutes" are still aligned).
-    When the premise has several of the dimension, the one nearest in value is the reference. The text outside the
-    rewritten quantities is unchanged; a text without quantities comes back as it is.
+    A hypothesis quantity in a unit the premise also uses (both of one part) keeps its number: it only takes the
+    premise's words when the numbers are equal ("100 degrees Celsius" against "100 °C" reads "100 °C"; "90 degrees
+    Celsius" stays), so the model still compares the numbers. A quantity whose dimension the premise lacks is left
+    as it is. When the premise has several of the dimension, the one nearest in value is the reference. The text
+    outside the rewritten quantities is unchanged; a text without quantities comes back as it is.
     """
     theirs = quantities(premise)
     if not theirs:
@@ -220,10 +221,15 @@ def align_units(premise: str, hypothesis: str) -> str:
     out, last = [], 0
     for q in quantities(hypothesis):
         same_dim = [p for p in theirs if p.unit.dimension == q.unit.dimension]
-        if not same_dim or any(p.unit is q.unit and p.parts == q.parts == 1 for p in same_dim):
+        same_unit = [p for p in same_dim if p.unit is q.unit and p.parts == q.parts == 1]
+        if same_unit:
+            text = next((p.text for p in same_unit if p.base == q.base), q.text)
+        elif same_dim:
+            ref = min(same_dim, key=lambda p: _distance(p.base, q.base))
+            text = ref.text if _same(ref, q) else ref.written_in_my_unit(q.base)
+        else:
             continue
-        ref = min(same_dim, key=lambda p: _distance(p.base, q.base))
-        out += [hypothesis[last:q.span[0]], ref.text if _same(ref, q) else ref.written_in_my_unit(q.base)]
+        out += [hypothesis[last:q.span[0]], text]
         last = q.span[1]
     return "".join(out) + hypothesis[last:] if out else hypothesis
 
