@@ -49,6 +49,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
     out.print(escape(f"long documents (CaLM, ALCE, grounding, long_premise='chunk'): windows {size}, "
                      f"{policy.overlap_tokens} tokens of overlap; support when read in windows: {bar} ({source} "
                      "window policy)"), soft_wrap=True)
+    m = engine.manifest
+    out.print(escape(f"scorer inputs by default: question-aware {'yes' if m.question_format else 'no'}, units "
+                     f"aligned {'yes' if m.align_units else 'no'} (the manifest's question_format and align_units)"),
+              soft_wrap=True)
     return 0
 
 

@@ -378,7 +378,15 @@ def weak_text(q: dict[str, Any]) -> str:
     if "mission" not in q:
         return ""
     test = q["mission"]["test"]
-    weak = [f"{c} {v['value']:.2f}" for c, v in test["categories"].items() if v["value"] < 0.9]
+    aligned = (q.get("align_units") or {}).get("test_aligned", {}).get("categories", {}) \
+        if (q.get("align_units") or {}).get("default") else {}
+
+    def shown(c: str, v: dict[str, Any]) -> str:
+        if c not in aligned:
+            return f"{c} {v['value']:.2f}"
+        return f"{c} {v['value']:.2f} as written ({aligned[c]['value']:.2f} with the default unit alignment)"
+
+    weak = [shown(c, v) for c, v in test["categories"].items() if v["value"] < 0.9]
     longest = test["long"][max(test["long"], key=int)]
     alone = test["long"]["0"]
     return (f" Answer types it still gets wrong (test part, below 0.90): {', '.join(weak) or 'none'}. With the "
