@@ -135,7 +135,8 @@ def test_info_names_the_embedded_models_gate(capsys: pytest.CaptureFixture[str])
     assert out.endswith("precision int8: the embedded model's shipped precision (quality gate: "
                         "tools/default_model/quality.json / MODEL_CARD.md)\nlong documents (CaLM, ALCE, grounding, "
                         "long_premise='chunk'): windows of at most 128 tokens, 64 tokens of overlap; support when read "
-                        "in windows: P(entailment) > 0.6 (the manifest's window policy)\n")
+                        "in windows: P(entailment) > 0.6 (the manifest's window policy)\nscorer inputs by default: "
+                        "question-aware yes, units aligned yes (the manifest's question_format and align_units)\n")
 
 
 def test_int8_below_the_gate_warns(art_int8_below_gate: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -8,6 +8,7 @@ import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -206,3 +207,30 @@ def test_grounding_aligns_each_statement_to_each_source() -> None:
     assert grounding_item({**body, "align_units": False}, ServeConfig())[5] is False
     with pytest.raises(ApiError, match=re.escape("field 'align_units' must be true or false; got number")):
         grounding_item({**body, "align_units": 1}, ServeConfig())
+
+
+def _evaluation(units: tuple[float, float], groups: dict[str, float]) -> dict[str, Any]:
+    """A mission_eval result with the two unit categories and one form's group figures."""
+    cats = {"unit_equivalent": {"value": units[0]}, "unit_swap": {"value": units[1]}}
+    return {"categories": cats, "groups": {"bare": groups}}
+
+
+def test_align_choice_rule() -> None:
+    """Aligned by default only when the unit categories gain and no form's figure drops on the dev part; the CI gate
+    checks the aligned figures only then."""
+    from tools.default_model.align_choice import decide, record
+
+    base = {"value_swaps": 0.95, "meaning_kept": 0.93, "agreement_auroc": 0.99}
+    plain = _evaluation((0.45, 0.7), base)
+    better = _evaluation((1.0, 1.0), base)
+    got = decide(plain, better, better)
+    assert got["default"] is True and got["dev"] == {"plain": 0.575, "aligned": 1.0, "lower": []}
+    worse_swaps = _evaluation((1.0, 1.0), {**base, "value_swaps": 0.94})
+    assert decide(plain, worse_swaps, better)["dev"]["lower"] == ["bare value_swaps"]
+    assert decide(plain, worse_swaps, better)["default"] is False
+    assert decide(plain, plain, plain)["default"] is False  # no gain: uqlm's inputs stay
+    quality: dict[str, Any] = {"mission_gate": {"int8": {}, "int8_aligned": {"old": 1}}}
+    record(quality, decide(plain, plain, plain), {"bare": base})
+    assert "int8_aligned" not in quality["mission_gate"] and quality["align_units"]["default"] is False
+    record(quality, got, {"bare": base})
+    assert quality["mission_gate"]["int8_aligned"] == {"bare": base}

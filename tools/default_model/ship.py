@@ -4,7 +4,8 @@
 
 Steps: fastnli export (fp32 + INT8, validated against PyTorch on the probe set) → accuracy of both graphs on the full
 snli/dev and lingnli/val through the engine, INT8-vs-fp32 agreement, throughput at SNLI lengths (tokenization
-included) → copy the INT8 graph, tokenizer, manifest and ``MODEL_CARD.md`` to ``fastnli/models/default/``, and write
+included), the mission evaluation as written and with units aligned (``tools/default_model/align_choice.py``: the
+manifest's ``align_units``) → copy the INT8 graph, tokenizer, manifest and ``MODEL_CARD.md`` to ``fastnli/models/default/``, and write
 ``tools/default_model/quality.json`` (the figures and the fixed slice the CI quality gate re-checks; it stays out of
 the wheel) → choose how the model reads long documents (``tools/default_model/window_choice.py``: the manifest's
 ``window_policy``).
@@ -174,28 +175,6 @@ def question_aware_decision(dev: dict[str, Any]) -> dict[str, Any]:
     return {"default": bool(use), "rule": "question-aware inputs by default when, on the dev part, their agreement "
             "AUROC and their mean of (value swaps flagged, meaning kept both ways) are both at least the bare "
             "answers'", "dev_bare": bare, "dev_question": aware}
-
-
-#: the categories whose pairs state one quantity in two units
-UNIT_CATEGORIES = ("unit_equivalent", "unit_swap")
-
-
-def align_units_decision(dev: dict[str, Any], dev_aligned: dict[str, Any], test_aligned: dict[str, Any]
-                         ) -> dict[str, Any]:
-    """Whether the scorers should align units for the model by default, from the dev part: yes when aligned pairs
-    score the unit categories better (their mean) and no form's value swaps flagged, meaning kept or agreement AUROC
-    is lower. ``test_aligned`` is reported only."""
-    def units(r: dict[str, Any]) -> float:
-        return float(np.mean([r["categories"][c]["value"] for c in UNIT_CATEGORIES]))
-
-    worse = [f"{form} {key}" for form, g in dev["groups"].items() for key, v in g.items()
-             if dev_aligned["groups"][form][key] < v - 1e-9]
-    use = units(dev_aligned) > units(dev) and not worse
-    return {"default": bool(use), "rule": "units aligned by default when, on the dev part, the unit categories "
-            f"({', '.join(UNIT_CATEGORIES)}) score higher on average and no form's value swaps flagged, meaning kept "
-            "or agreement AUROC is lower", "dev": {"plain": units(dev), "aligned": units(dev_aligned), "lower": worse},
-            "test_aligned": {"categories": {c: test_aligned["categories"][c] for c in UNIT_CATEGORIES},
-                             "groups": test_aligned["groups"]}}
 
 
 def merge_cpu_run(runs: list[dict[str, Any]], run: dict[str, Any]) -> list[dict[str, Any]]:
@@ -635,7 +614,9 @@ def align_units_text(q: dict[str, Any]) -> str:
     return (f"Units aligned by default: {'yes' if a['default'] else 'no'} (`fastnli.scorers.units`: the scorers write "
             "a compared answer's quantities in the other's units before NLI, so the model compares numbers in one "
             f"unit; {a['rule']}; dev part, unit categories {a['dev']['plain']:.3f} as written, {a['dev']['aligned']:.3f} "
-            f"aligned). Test part with aligned units (the table above reads the pairs as written): {cats}; {groups}."
+            f"aligned). Test part with aligned units (the table above reads the pairs as written): {cats}; {groups}. The "
+            "unit rows are conversions between the units of the alignment's table, so aligned they measure the "
+            "conversion, not the model; a unit or written form outside the table is read as written."
             "\n\n")
 
 
@@ -817,13 +798,9 @@ def main() -> None:
     quality["mission_gate"] = {"every_nth": MISSION_GATE_EVERY, "rows": len(gate), "int8": mission_eval.evaluate(
         [parts["test"][i] for i in gate], probs["test"][gate])["groups"]}
     quality["question_aware"] = question_aware_decision(quality["mission"]["dev"])
-    aligned = {p: mission_eval.evaluate(parts[p], mission_probs(engines["int8"], parts[p], aligned=True))
-               for p in parts}
-    quality["align_units"] = align_units_decision(quality["mission"]["dev"], aligned["dev"], aligned["test"])
-    if quality["align_units"]["default"]:  # the gate checks what the scorers compute by default too
-        quality["mission_gate"]["int8_aligned"] = mission_eval.evaluate(
-            [parts["test"][i] for i in gate], mission_probs(engines["int8"], [parts["test"][i] for i in gate],
-                                                            aligned=True))["groups"]
+    from tools.default_model import align_choice  # it reads the mission rows with ship's helpers
+
+    align_choice.record(quality, *align_choice.measure(engines["int8"], parts, quality["mission"]["dev"]))
     before: Path = args.before or args.out
     quality["probes"] = {"now": probe_results(engines["int8"])}
     if args.previous_mission is not None:
