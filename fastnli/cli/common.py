@@ -55,7 +55,7 @@ def add_align_units_argument(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--align-units", choices=list(SWITCH), default="auto",
                    help=f"write the quantities of {what} in the other text's units before NLI (\"354 miles\" against "
                    "\"569 km\" reads as \"569 km\"): auto (default) where the model's manifest says so (the embedded "
-                   "default model), on for any model, off for uqlm's exact inputs")
+                   "default model), on for any model, off: the texts as given")
 
 
 def engine_from_args(args: argparse.Namespace) -> Any:

@@ -79,7 +79,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="uqlm's use_best: score the lead response of the most probable semantic cluster instead of "
                    "the response given (needs a semantic scorer; default off, as fastnli.score; uqlm's BlackBoxUQ "
                    "defaults to on)")
-    p.add_argument("--question-aware", choices=["auto", "on", "off"], default="auto",
+    p.add_argument("--question-aware", choices=list(SWITCH), default="auto",
                    help="read each answer as an answer to its record's 'prompt': auto (default) where the model was "
                    "trained so (the embedded default model), on for any model, off for uqlm's exact inputs")
     add_align_units_argument(p, "each compared answer")
