@@ -17,6 +17,7 @@ round numbers: see :func:`_half`) overlap, widened by :data:`RELATIVE_SLACK` for
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable
@@ -181,6 +182,12 @@ def quantities(text: str) -> list[Quantity]:
     """Every quantity with a known unit in ``text``, in order of appearance; the parts of a compound quantity
     ("5 feet 11 inches": same dimension, each unit smaller than the one before, joined by space, comma or "and")
     make one quantity."""
+    return list(_quantities(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _quantities(text: str) -> tuple[Quantity, ...]:
+    """:func:`quantities`, remembered: an answer meets every other answer of its prompt, both ways."""
     out: list[Quantity] = []
     for m in _QUANTITY.finditer(text):
         q = _part(m)
@@ -195,7 +202,7 @@ def quantities(text: str) -> list[Quantity]:
             out[-1] = q
         else:
             out.append(q)
-    return out
+    return tuple(out)
 
 
 def _same(a: Quantity, b: Quantity) -> bool:
@@ -215,11 +222,11 @@ def align_units(premise: str, hypothesis: str) -> str:
     as it is. When the premise has several of the dimension, the one nearest in value is the reference. The text
     outside the rewritten quantities is unchanged; a text without quantities comes back as it is.
     """
-    theirs = quantities(premise)
+    theirs = _quantities(premise)
     if not theirs:
         return hypothesis
     out, last = [], 0
-    for q in quantities(hypothesis):
+    for q in _quantities(hypothesis):
         same_dim = [p for p in theirs if p.unit.dimension == q.unit.dimension]
         same_unit = [p for p in same_dim if p.unit is q.unit and p.parts == q.parts == 1]
         if same_unit:
