@@ -166,30 +166,32 @@ def _plan(responses: Sequence[str], samples: Sequence[Sequence[str]], full: bool
         row = {t: u for u, t in enumerate(uniq)}
         cut = uniq if max_length is None else [t[:max_length] for t in uniq]
         question = None if questions is None else questions[i]
+        shown = cut if question is None else [with_question(question, t, question_format) for t in cut]
         k = len(uniq)
         index = np.full((k, k), -1, dtype=np.int64)
         for a in range(k) if full else (0,):
             for b in range(k) if full else range(1, k):
                 if a != b:
-                    index[a, b] = _add_pair(pairs, cut[a], cut[b], question, question_format, align_units)
+                    index[a, b] = _add_pair(pairs, cut, shown, a, b, question, question_format, align_units)
                     if not full:
-                        index[b, a] = _add_pair(pairs, cut[b], cut[a], question, question_format, align_units)
+                        index[b, a] = _add_pair(pairs, cut, shown, b, a, question, question_format, align_units)
         prompts.append(_Prompt(texts, uniq, [row[t] for t in texts], index))
     return pairs, prompts
 
 
-def _add_pair(pairs: list[tuple[str, str]], premise: str, hypothesis: str, question: str | None,
+def _add_pair(pairs: list[tuple[str, str]], cut: list[str], shown: list[str], a: int, b: int, question: str | None,
               question_format: str, align_units: bool) -> int:
-    """Append the NLI pair of two answers to ``pairs`` in the plan's input form; its index, or :data:`SAME_TEXT`
-    (nothing appended) when the aligned hypothesis is the premise itself."""
+    """Append the NLI pair of answers ``a`` -> ``b`` to ``pairs``: ``shown`` (each of the ``cut`` texts in the plan's
+    input form) unless alignment rewrote the hypothesis. Returns its index, or :data:`SAME_TEXT` (nothing appended)
+    when the aligned hypothesis is the premise itself."""
     if align_units:
-        hypothesis = align_pair(premise, hypothesis)
-        if hypothesis == premise:  # the same text once aligned: identical strings, as on the diagonal
+        aligned = align_pair(cut[a], cut[b])
+        if aligned == cut[a]:  # the same text once aligned: identical strings, as on the diagonal
             return SAME_TEXT
-    if question is not None:
-        premise, hypothesis = (with_question(question, premise, question_format),
-                               with_question(question, hypothesis, question_format))
-    pairs.append((premise, hypothesis))
+        if aligned != cut[b]:
+            pairs.append((shown[a], aligned if question is None else with_question(question, aligned, question_format)))
+            return len(pairs) - 1
+    pairs.append((shown[a], shown[b]))
     return len(pairs) - 1
 
 
