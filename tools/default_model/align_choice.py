@@ -51,15 +51,16 @@ def decide(dev: dict[str, Any], dev_aligned: dict[str, Any], test_aligned: dict[
                              "groups": test_aligned["groups"]}}
 
 
-def measure(engine: NLIEngine, parts: dict[str, list[dict[str, Any]]], dev_plain: dict[str, Any]
+def measure(engine: NLIEngine, parts: dict[str, list[dict[str, Any]]], plain: dict[str, np.ndarray]
             ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(decision, gate)``: :func:`decide` from ``engine`` on the mission rows ``parts`` (``dev``, ``test``) read
-    aligned, against ``dev_plain`` (the dev part as written); ``gate``: the aligned figures of the CI gate's slice
-    of the test part."""
-    probs = {p: mission_probs(engine, rows, aligned=True) for p, rows in parts.items()}
+    aligned against their probabilities as written (``plain``, per part; reused where alignment changes nothing);
+    ``gate``: the aligned figures of the CI gate's slice of the test part."""
+    probs = {p: mission_probs(engine, rows, aligned=True, plain=plain[p]) for p, rows in parts.items()}
     aligned = {p: mission_eval.evaluate(parts[p], probs[p]) for p in parts}
     gate = mission_eval.gate_indices(parts["test"], MISSION_GATE_EVERY)
     gate_groups = mission_eval.evaluate([parts["test"][i] for i in gate], probs["test"][gate])["groups"]
+    dev_plain = mission_eval.evaluate(parts["dev"], plain["dev"])
     return decide(dev_plain, aligned["dev"], aligned["test"]), gate_groups
 
 
@@ -84,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     built = answer_data.build(args.data)
     parts = {p: built[p] for p in ("dev", "test")}
     engine = NLIEngine.from_pretrained(args.model, device="cpu")
-    dev_plain = mission_eval.evaluate(parts["dev"], mission_probs(engine, parts["dev"]))
-    decision, gate = measure(engine, parts, dev_plain)
+    plain = {p: mission_probs(engine, rows) for p, rows in parts.items()}
+    decision, gate = measure(engine, parts, plain)
     sys.stdout.write(json.dumps(decision, indent=1) + "\n")
     if args.write:
         quality = json.loads(args.quality.read_text())

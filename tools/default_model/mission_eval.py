@@ -126,12 +126,18 @@ def gate_indices(rows: Sequence[dict[str, Any]], every: int = 10) -> list[int]:
 
 
 def row_probs(predict: Callable[[list[tuple[str, str]]], np.ndarray], rows: Sequence[dict[str, Any]],
-              aligned: bool = False) -> np.ndarray:
+              aligned: bool = False, plain: np.ndarray | None = None) -> np.ndarray:
     """``predict``'s probabilities ``[N, 3]`` of the rows' pairs; with ``aligned``, of the pairs as the scorers read
-    them with ``align_units`` (a pair that becomes one text gets (0, 0, 1), as identical strings, without the model)."""
+    them with ``align_units`` (a pair that becomes one text gets (0, 0, 1), as identical strings, without the model).
+    ``plain``: the rows' probabilities as written, kept for the pairs that alignment leaves as they are (a
+    batch-invariant engine gives them the same scores again)."""
     pairs = [(r["premise"], align_units(r["premise"], r["hypothesis"]) if aligned else r["hypothesis"]) for r in rows]
     out = np.tile(np.array([0.0, 0.0, 1.0], dtype=np.float32), (len(rows), 1))
     todo = [i for i, (p, h) in enumerate(pairs) if not aligned or p != h]
+    if plain is not None:
+        same = [i for i in todo if pairs[i][1] == rows[i]["hypothesis"]]
+        out[same] = plain[same]
+        todo = [i for i in todo if pairs[i][1] != rows[i]["hypothesis"]]
     if todo:
         out[todo] = predict([pairs[i] for i in todo])
     return out

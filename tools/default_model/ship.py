@@ -151,10 +151,11 @@ def cpu_run(int8: NLIEngine, splits: dict[str, list[dict[str, str]]], gate: dict
     return run
 
 
-def mission_probs(engine: NLIEngine, rows: list[dict[str, Any]], aligned: bool = False) -> np.ndarray:
+def mission_probs(engine: NLIEngine, rows: list[dict[str, Any]], aligned: bool = False,
+                  plain: np.ndarray | None = None) -> np.ndarray:
     """``engine``'s probabilities of answer_data rows (one engine pass); ``aligned``: as the scorers read them with
-    ``align_units``."""
-    return mission_eval.row_probs(engine.predict, rows, aligned)
+    ``align_units``, ``plain`` reused where alignment changes nothing (:func:`mission_eval.row_probs`)."""
+    return mission_eval.row_probs(engine.predict, rows, aligned, plain)
 
 
 def mission(engine: NLIEngine, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -800,7 +801,7 @@ def main() -> None:
     quality["question_aware"] = question_aware_decision(quality["mission"]["dev"])
     from tools.default_model import align_choice  # it reads the mission rows with ship's helpers
 
-    align_choice.record(quality, *align_choice.measure(engines["int8"], parts, quality["mission"]["dev"]))
+    align_choice.record(quality, *align_choice.measure(engines["int8"], parts, probs))
     before: Path = args.before or args.out
     quality["probes"] = {"now": probe_results(engines["int8"])}
     if args.previous_mission is not None:
