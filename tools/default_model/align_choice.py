@@ -26,9 +26,8 @@ from typing import Any
 import numpy as np
 
 from fastnli.engine import NLIEngine
-from fastnli.engine.manifest import MANIFEST_NAME
 from tools.default_model import answer_data, mission_eval
-from tools.default_model.ship import MISSION_GATE_EVERY, QUALITY, REPO, logger, mission_probs, model_card
+from tools.default_model.ship import MISSION_GATE_EVERY, QUALITY, REPO, logger, mission_probs, record_shipped
 
 #: the categories whose pairs state one quantity in two units
 UNIT_CATEGORIES = ("unit_equivalent", "unit_swap")
@@ -91,12 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         quality = json.loads(args.quality.read_text())
         record(quality, decision, gate)
-        args.quality.write_text(json.dumps(quality, indent=1, sort_keys=True))
-        path = args.model / MANIFEST_NAME
-        manifest = json.loads(path.read_text())
-        manifest["align_units"] = decision["default"]
-        path.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-        (args.model / "MODEL_CARD.md").write_text(model_card(quality, manifest))
+        path = record_shipped(args.model, args.quality, quality, {"align_units": decision["default"]})
         logger.info("recorded align_units=%s in %s, %s and the model card", decision["default"], args.quality, path)
     return 0
 

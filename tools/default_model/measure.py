@@ -17,7 +17,6 @@ import logging
 from pathlib import Path
 
 from fastnli.engine import NLIEngine
-from fastnli.engine.manifest import MANIFEST_NAME
 from tools.default_model.ship import (
     QUALITY,
     REPO,
@@ -25,7 +24,7 @@ from tools.default_model.ship import (
     load_splits,
     logger,
     merge_cpu_run,
-    model_card,
+    record_shipped,
 )
 
 SPLITS = ("snli/dev", "lingnli/val")
@@ -62,9 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return 0
     quality["cpu_runs"] = merge_cpu_run(quality.get("cpu_runs", []), run)
-    quality_path.write_text(json.dumps(quality, indent=1, sort_keys=True))
-    manifest = json.loads((args.model / MANIFEST_NAME).read_text())
-    (args.model / "MODEL_CARD.md").write_text(model_card(quality, manifest))
+    record_shipped(args.model, quality_path, quality)
     logger.info("recorded the run in %s and its model card", quality_path)
     return 0
 

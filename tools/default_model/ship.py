@@ -641,6 +641,20 @@ dev part, bare answers {json.dumps(q["question_aware"]["dev_bare"])}, question-a
 {align_units_text(q)}"""
 
 
+def record_shipped(model: Path, quality_path: Path, quality: dict[str, Any],
+                   manifest_changes: dict[str, Any] | None = None) -> Path:
+    """Write ``quality`` to ``quality_path``, set ``manifest_changes`` in the shipped model's manifest and re-render
+    its model card (for the tools that add to a shipped model's records); returns the manifest's path."""
+    quality_path.write_text(json.dumps(quality, indent=1, sort_keys=True))
+    path = model / MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    if manifest_changes:
+        manifest.update(manifest_changes)
+        path.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    (model / "MODEL_CARD.md").write_text(model_card(quality, manifest))
+    return path
+
+
 def model_card(q: dict[str, Any], manifest: dict[str, Any]) -> str:
     """The model card: base model and licence, data and licences, recipe, accuracy per precision, known limits."""
     t = q["training"]

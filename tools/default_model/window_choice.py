@@ -37,9 +37,8 @@ import numpy as np
 from bench.long_premise import documents, load, supported
 from fastnli.calm import CheckConfig
 from fastnli.engine import NLIEngine
-from fastnli.engine.manifest import MANIFEST_NAME
 from fastnli.engine.windows import WindowPolicy
-from tools.default_model.ship import QUALITY, REPO, logger, model_card
+from tools.default_model.ship import QUALITY, REPO, logger, record_shipped
 
 CAPS: tuple[int | None, ...] = (None, 256, 128)
 THRESHOLDS: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8)
@@ -125,12 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         quality = json.loads(args.quality.read_text())
         quality["window_policy"] = record
-        args.quality.write_text(json.dumps(quality, indent=1, sort_keys=True))
-        path = args.model / MANIFEST_NAME
-        manifest = json.loads(path.read_text())
-        manifest["window_policy"] = choice
-        path.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-        (args.model / "MODEL_CARD.md").write_text(model_card(quality, manifest))
+        path = record_shipped(args.model, args.quality, quality, {"window_policy": choice})
         logger.info("recorded %s in %s, %s and the model card", choice, args.quality, path)
     return 0
 
