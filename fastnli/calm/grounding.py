@@ -26,6 +26,7 @@ its engine pass (the service sends the pairs through its shared batcher).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -123,7 +124,7 @@ class GroundingPlan:
     threshold: float
     align_units: bool = False
 
-    @property
+    @functools.cached_property
     def pairs(self) -> list[tuple[str, str]]:
         if self.align_units:
             return [(u, align_units(u, s)) for s in self.statements for u in self.sources]

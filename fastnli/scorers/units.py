@@ -174,7 +174,8 @@ def _part(m: re.Match[str]) -> Quantity:
     unit = _WORDS[" ".join(word.lower().split())] if word else _SYMBOLS[" ".join(symbol.split())]
     decimals = len(number.split(".")[1]) if "." in number else 0
     value = float(number.replace(",", ""))
-    lo, hi = sorted((unit.to_base(value - _half(number, value)), unit.to_base(value + _half(number, value))))
+    half = _half(number, value)
+    lo, hi = sorted((unit.to_base(value - half), unit.to_base(value + half)))
     return Quantity(unit.to_base(value), lo, hi, unit, decimals, number, word or symbol, m.group(0), m.span())
 
 
