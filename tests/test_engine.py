@@ -243,6 +243,41 @@ def test_static_split_copies_round_to_the_channel(ckpt_v1: Path, workdir: Path) 
     assert checked >= 2
 
 
+def test_static_recipe_keeps_the_named_matmuls_fp32(art_bert: Path, tmp_path: Path) -> None:
+    """``fp32_matmuls``: the named projections stay fp32 MatMuls, every other one is quantized, the kept FFN
+    projections keep their outliers (no split of that layer), and the graph still agrees with fp32."""
+    import onnx
+    import onnxruntime as ort
+
+    from fastnli.engine.tokenize import PairTokenizer
+    from fastnli.exporter.export import calibration_feeds
+    from fastnli.exporter.precision import INT8_RECIPES, to_int8
+
+    m = read_manifest(art_bert)
+    feeds = calibration_feeds(PairTokenizer(art_bert / "tokenizer.json"), probe_pairs(), m.inputs, m.pad_token_id)
+    src, dst = art_bert / "model_fp32.onnx", tmp_path / "int8.onnx"
+    recipe = {**INT8_RECIPES["static"], "fp32_matmuls": [r"layer\.0/", r"attention/output/dense"]}
+    got = to_int8(src, dst, recipe, feeds)
+    names = [n.name for n in onnx.load(str(src)).graph.node if n.op_type == "MatMul"]
+    layer0 = [n for n in names if "/layer.0/" in n]
+    kept = set(layer0) | {n for n in names if "attention/output/dense" in n}
+    assert got["fp32_matmuls_kept"] == len(kept) and len(layer0) >= 6
+    assert "0" not in {i for i, e in got["outliers"]["layers"].items() if e["channels"] or e["neurons"]}
+    nodes = {n.name: n.op_type for n in onnx.load(str(dst)).graph.node}
+    assert all(nodes[n] == "MatMul" for n in kept)
+    assert got["static"]["quantized_matmuls"] == got["static"]["fused_matmuls"] > 0
+    sess = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
+    ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    same = [np.mean(sess.run(None, f)[0].argmax(-1) == ref.run(None, f)[0].argmax(-1)) for f in feeds]
+    assert np.mean(same) >= INT8_MIN_PROBE_AGREEMENT
+    with pytest.raises(ValueError, match=re.escape("INT8 recipe: fp32_matmuls pattern 'nowhere' matches no MatMul "
+                                                   "of the graph")):
+        to_int8(src, dst, {**INT8_RECIPES["dynamic"], "fp32_matmuls": ["nowhere"]})
+    with pytest.raises(ValueError, match=re.escape("an INT8 recipe with a 'blockwise' section chooses its MatMuls by "
+                                                   "blockwise 'match'; drop 'fp32_matmuls'")):
+        to_int8(src, dst, {**INT8_RECIPES["blockwise"], "fp32_matmuls": ["layer"]})
+
+
 def test_outlier_split_recipe_errors(art_v1: Path, tmp_path: Path) -> None:
     from fastnli.exporter.precision import INT8_RECIPES, to_int8
 

@@ -150,13 +150,16 @@ def _activation_nodes(g: _Graph, ffn_in: Any, ffn_out: Any) -> list[Any]:
     return [n for n in g.g.node if n.name in seen]
 
 
-def split_outliers(model: Any, spec: dict[str, Any], feeds: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+def split_outliers(model: Any, spec: dict[str, Any], feeds: list[dict[str, np.ndarray]],
+                   fp32: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Rewrite ``model`` (an ``onnx.ModelProto``, in place) as described in the module docstring.
 
     Args:
         model: the fp32 graph.
         spec: ``{"ffn_neurons": k, "input_channels": c}`` (either may be 0), optionally ``"channel_split": True``.
         feeds: calibration batches (the graph's input dicts) the outliers are measured on.
+        fp32: names of MatMuls that stay fp32: an FFN projection named here keeps its outliers (neurons for the
+            output projection, channels for the input projection).
 
     Returns:
         A record for the manifest: per layer the neurons and channels moved (with a split, the copies of each
@@ -185,6 +188,8 @@ def split_outliers(model: Any, spec: dict[str, Any], feeds: list[dict[str, np.nd
                               "calibration_batches": len(feeds), "layers": {}}
     for i, L in sorted(layers.items()):
         ffn_in, ffn_out = L["in"], L["out"]
+        k = 0 if ffn_out.name in fp32 else int(spec.get("ffn_neurons", 0))
+        c = 0 if ffn_in.name in fp32 else int(spec.get("input_channels", 0))
         chain = _activation_nodes(g, ffn_in, ffn_out)
         w1, w2 = g.array(ffn_in.input[1]), g.array(ffn_out.input[1])
         assert w1 is not None and w2 is not None

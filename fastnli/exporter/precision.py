@@ -30,6 +30,9 @@ INT8 (``to_int8``):
     the dynamic recipe. Both calibrate on ``calibration`` batches (:func:`needs_calibration`). ``"channel_split"``
     (static only) turns the outlier channels into dithered copies inside the INT8 GEMM instead of an fp32 branch.
     :data:`INT8_RECIPES` names the recipes ``fastnli export --int8-recipe`` offers.
+
+    A recipe's ``"fp32_matmuls"`` (regexes of node names; not with ``"blockwise"``) keeps the matching MatMuls in
+    fp32; an outlier split leaves the outliers of a kept FFN projection in place.
 """
 
 from __future__ import annotations
@@ -214,6 +217,22 @@ def fp16_embeddings(path: str | Path, min_elements: int = 1 << 20) -> int:
     return converted
 
 
+def fp32_matmuls(model: Any, patterns: list[str]) -> list[str]:
+    """Names of the MatMuls of ``model`` (an ``onnx.ModelProto``) that match one of ``patterns`` (regexes): those a
+    recipe's ``"fp32_matmuls"`` keeps in fp32.
+
+    Raises:
+        ValueError: when a pattern matches no MatMul (a recipe that silently kept nothing would be mislabelled).
+    """
+    import re
+
+    names = [n.name for n in model.graph.node if n.op_type == "MatMul"]
+    for p in patterns:
+        if not any(re.search(p, n) for n in names):
+            raise ValueError(f"INT8 recipe: fp32_matmuls pattern {p!r} matches no MatMul of the graph")
+    return [n for n in names if any(re.search(p, n) for p in patterns)]
+
+
 def needs_calibration(recipe: dict[str, Any] | None) -> bool:
     """True when ``to_int8`` needs calibration batches for ``recipe`` (static ranges or an outlier split)."""
     return recipe is not None and (recipe.get("method") == "static" or "outliers" in recipe)
@@ -227,6 +246,7 @@ def to_int8(src: str | Path, dst: str | Path, recipe: dict[str, Any] | None = No
     A recipe with an ``"outliers"`` section first moves activation outliers to fp32 side branches
     (:mod:`fastnli.exporter.outliers`); ``"method": "static"`` fixes every activation range at export time
     (:mod:`fastnli.exporter.static_int8`). Both measure on ``calibration`` (the graph's input dicts; required then).
+    ``"fp32_matmuls"`` keeps the MatMuls it names in fp32 (:func:`fp32_matmuls`; recorded as ``fp32_matmuls_kept``).
     """
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -245,7 +265,13 @@ def to_int8(src: str | Path, dst: str | Path, recipe: dict[str, Any] | None = No
     if calibrated and not calibration:
         raise ValueError("the INT8 recipe calibrates ('outliers' section or 'method': 'static'): pass "
                          "calibration=[feed dicts]")
-    exclude: list[str] = []
+    if r.get("fp32_matmuls") and "blockwise" in r:
+        raise ValueError("an INT8 recipe with a 'blockwise' section chooses its MatMuls by blockwise 'match'; drop "
+                         "'fp32_matmuls'")
+    exclude = fp32_matmuls(onnx.load(str(src), load_external_data=False), r["fp32_matmuls"]) \
+        if r.get("fp32_matmuls") else []
+    if exclude:
+        r["fp32_matmuls_kept"] = len(exclude)
     if calibrated:
         from fastnli.exporter.outliers import BRANCH_TAG, split_outliers
         from fastnli.exporter.static_int8 import quantize_static_int8
@@ -253,8 +279,8 @@ def to_int8(src: str | Path, dst: str | Path, recipe: dict[str, Any] | None = No
         assert calibration is not None
         model = onnx.load(str(src))
         if "outliers" in r:
-            r["outliers"] = {**r["outliers"], **split_outliers(model, r["outliers"], calibration)}
-            exclude = [n.name for n in model.graph.node if BRANCH_TAG in n.name and n.op_type == "MatMul"]
+            r["outliers"] = {**r["outliers"], **split_outliers(model, r["outliers"], calibration, frozenset(exclude))}
+            exclude += [n.name for n in model.graph.node if BRANCH_TAG in n.name and n.op_type == "MatMul"]
         if r["method"] == "static":
             r["static"] = {**r["static"], **quantize_static_int8(model, dst, r, calibration, exclude)}
             return _finish_int8(dst, r)
