@@ -160,7 +160,7 @@ def test_event_pairs_change_the_date_only_where_they_should() -> None:
 
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
 def test_the_build_record_rebuilds_the_same_rows(tmp_path: Path) -> None:
-    args = ["--long-train", "50", "--event-train", "10", "--long-statement-share", "0.5"]
+    args = ["--long-train", "50", "--event-train", "10", "--long-statement-share", "0.5", "--window-train", "20"]
     assert ad.main(["--data", str(SHARED_DATA), "--out", str(tmp_path / "a"), *args]) == 0
     record = json.loads((tmp_path / "a" / ad.BUILD_RECORD).read_text())
     sha = record["sha256"]["train.jsonl"]
@@ -182,3 +182,22 @@ def test_the_build_record_rebuilds_the_same_rows(tmp_path: Path) -> None:
     assert ad.command_for(training["data"]["extra_train"]["build_arguments"], str(tmp_path / "b")) == command
     long_rows = [r for r in ad.read_jsonl(tmp_path / "a" / "train.jsonl") if r["category"] == "long"]
     assert len(long_rows) == 50
+
+
+def test_window_rows_pair_the_evidence_with_its_removal() -> None:
+    """Window rows come in pairs over one hypothesis: the SNLI entailment premise among unrelated sentences
+    (entailment), then a document of unrelated sentences alone (neutral), each at most a window long."""
+    rows = [{"source": "snli/train", "label": "entailment", "premise": f"A man number {i} plays a guitar.",
+             "hypothesis": f"A person {i} plays music."} for i in range(30)]
+    rows.append({"source": "snli/train", "label": "neutral", "premise": "A dog.", "hypothesis": "A cat."})
+    pools = {"train": ["The committee met on Tuesday.", "Prices rose sharply last year.",
+                       "Tourists visit the old harbour.", "The report was published in spring."], "eval": []}
+    got = ad.window_train_rows(rows, pools, seed=0, n=20)
+    assert len(got) == 20 and got == ad.window_train_rows(rows, pools, seed=0, n=20)
+    for kept, removed in zip(got[::2], got[1::2]):
+        assert kept["hypothesis"] == removed["hypothesis"] and kept["label"] == "entailment"
+        assert removed["label"] == "neutral" and (kept["source"], removed["source"]) == ("window/kept",
+                                                                                       "window/removed")
+        evidence = next(r["premise"] for r in rows if r["hypothesis"] == kept["hypothesis"])
+        assert evidence in kept["premise"] and evidence not in removed["premise"]
+        assert all(len(r["premise"].split()) <= 130 + 12 for r in (kept, removed))  # one filler sentence past 130
