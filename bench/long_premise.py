@@ -46,7 +46,7 @@ from fastnli.calm import CheckConfig, calm_batch
 from fastnli.engine import NLIEngine
 from fastnli.engine.labels import CANONICAL_LABELS
 from fastnli.engine.sentences import sentence_spans
-from fastnli.engine.windows import WindowPolicy
+from fastnli.engine.windows import LongPremise, WindowPolicy
 
 AFTER_TOKENS = 200
 
@@ -127,7 +127,7 @@ def needle_table(engines: dict[str, NLIEngine], pairs: list[dict[str, Any]],
         pairs_d = [(doc, h) for (doc, _, _), h in zip(items, hyps)]
         empty_d = [(doc, h) for (_, _, doc), h in zip(items, hyps)]
         for mode, engine in engines.items():
-            long_premise = "truncate" if mode == "truncate" else "chunk"
+            long_premise: LongPremise = "truncate" if mode == "truncate" else "chunk"
             config = CheckConfig().for_engine(engine)  # the engine's window policy decides support
             got = engine.predict_detailed(pairs_d, long_premise)
             empty = engine.predict_detailed(empty_d, long_premise)
