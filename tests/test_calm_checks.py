@@ -131,6 +131,25 @@ def test_huge_documents_are_flagged_never_silently_truncated(caplog: pytest.LogC
     assert "1 of 4 NLI pairs are estimated to exceed the model limit of 512 tokens" in caplog.text
 
 
+def test_a_text_entails_itself_whatever_the_model_says() -> None:
+    """Identical premise and hypothesis (also once units are aligned) read as entailment, one-hot; the others keep
+    the model's row."""
+    from fastnli.calm.checks import PairPlan
+
+    engine = StubEngine({("212 °F", "212 °F"): (0.96, 0.02, 0.02), ("100 °C", "212 °F"): (0.9, 0.05, 0.05),
+                         (D0, S2): (0.7, 0.2, 0.1)})
+    plan = PairPlan()
+    for premise, hypothesis in (("212 °F", "212 °F"), (D0, S2), ("100 °C", "212 °F"), (" 212 °F", "212 °F\n")):
+        plan.add(premise, hypothesis)
+    rows, best, _ = plan.run(engine)
+    np.testing.assert_allclose(rows, [[0, 0, 1], [0.7, 0.2, 0.1], [0.9, 0.05, 0.05], [0, 0, 1]], atol=1e-7)
+    assert best.tolist() == [-1] * 4
+    plan = PairPlan()
+    plan.add("100 °C", "212 °F")
+    rows, _, _ = plan.run(engine, align=True)  # 212 °F in the premise's unit is "100 °C": the premise itself
+    np.testing.assert_allclose(rows, [[0, 0, 1]], atol=1e-7)
+
+
 def test_alce_citations_hand_computed_one_pass() -> None:
     engine = StubEngine(TABLE)
     answers = [ANSWER, "Paris is the capital of France [1].", "Nothing cited."]

@@ -171,10 +171,10 @@ def test_two_way_heads_in_grounding_calm_and_scorers(two_way: tuple[Path, NLIEng
     assert np.array_equal(r.entailment, r.probs[:, :, 1].max(axis=1))
     docs = [Document(DOCS[0]["text"], DOCS[0]["title"]), Document(DOCS[1])]
     (check,), _ = check_answers([AnswerInput("Paris is the capital of France [1].", docs,
-                                             "Paris is the capital of France.")], engine)
+                                             "Paris is France's capital.")], engine)
     st = check.statements[0]
     assert st.contradiction is None and st.contradicted is None and check.contradicted is False
-    assert st.corroboration == pytest.approx(float(engine.predict(("Paris is the capital of France.",
+    assert st.corroboration == pytest.approx(float(engine.predict(("Paris is France's capital.",
                                                                    "Paris is the capital of France."))[1]), abs=1e-6)
     assert "the NLI model has a 2-way head: contradiction is not checked" in check.notes
     with pytest.raises(ValueError, match=re.escape(

@@ -323,7 +323,8 @@ class PairPlan:
     def run(self, engine: EngineLike, long_premise: LongPremise = "chunk", align: bool = False
             ) -> tuple[np.ndarray, np.ndarray, Any]:
         """The one engine call: ``(rows (N, k), best_window (N,), the engine's CallStats or None when nothing was
-        planned)``; units aligned (``align``) and long premises expanded first (:meth:`expand`)."""
+        planned)``; units aligned (``align``) and long premises expanded first (:meth:`expand`). A pair whose
+        hypothesis is its premise (surrounding whitespace aside; after alignment) reads as entailment, one-hot."""
         if not self.pairs:
             return np.zeros((0, 3), dtype=np.float32), np.zeros(0, dtype=np.int64), None
         self.expand(engine, long_premise, align)
@@ -334,6 +335,12 @@ class PairPlan:
             raise ValueError(f"the engine returned probabilities of shape {probs.shape} for "
                              f"{len(self.model_pairs)} pairs; expected (N, k)")
         rows, best = self.read(probs)
+        same = [i for i, (p, h) in enumerate(self.pairs) if p.strip() == h.strip()]
+        if same:  # a text entails itself, whatever a small model reads into a short one ("212 °F" against "212 °F")
+            rows = rows.copy()  # the engine's array stays as it returned it
+            rows[same] = 0.0
+            rows[same, -1] = 1.0
+            best[same] = -1
         return rows, best, stats
 
 
