@@ -38,6 +38,13 @@ from fastnli.scorers.units import align_units, quantities, resolve_align_units
     ("The tower is 300 m tall", "It is 1,000 feet tall", "It is 300 m tall"),  # round numbers: ±2.5%
     ("He is 180 cm tall.", "He is 5 feet 11 inches tall.", "He is 180 cm tall."),  # a compound quantity
     ("The film runs 150 minutes.", "It runs 2 hours and 30 minutes.", "It runs 150 minutes."),
+    # numbers written as words
+    ("The race is 8 km.", "The race is five miles.", "The race is 8 km."),
+    ("It took two hours and thirty minutes.", "It took 150 minutes.", "It took two hours and thirty minutes."),
+    ("The wall is a hundred metres long.", "The wall is 328 feet long.", "The wall is a hundred metres long."),
+    ("He ran twenty-six miles.", "He ran 50 km.", "He ran 31 miles."),
+    ("It took Twenty Five minutes.", "It took one hour.", "It took 60 minutes."),
+    ("Someone ran 5 km.", "Someone ran 5 km.", "Someone ran 5 km."),  # "one" inside a word is no number
     # another quantity: converted, in the premise's unit and precision
     ("The river is 569 kilometres long.", "The river is 182 miles long.", "The river is 293 kilometres long."),
     ("100 km", "65 miles", "105 km"),
@@ -68,6 +75,9 @@ def test_quantities_read_numbers_units_and_compounds() -> None:
     assert [x.text for x in quantities("1,140 minutes, -40 °F and 5-kilometre runs; 5g and 4h")] == [
         "1,140 minutes", "-40 °F", "5-kilometre"]
     assert quantities("The Berlin Wall fell in 1989.") == []
+    assert [(q.text, q.base) for q in quantities("nine thousand feet, ninety nine kg; a hundred m; One man")] == [
+        ("nine thousand feet", pytest.approx(9000 * 0.3048)), ("ninety nine kg", 99.0),
+        ("a hundred m", 100.0)]
 
 
 UNIT_PAIRS = [("kilometres", "miles", 1.609344), ("kilograms", "pounds", 0.45359237), ("hours", "minutes", 1 / 60),

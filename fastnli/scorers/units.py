@@ -8,7 +8,8 @@ one unit, which it does well:
   kilometres long." (354 miles, as stated to the unit, is 569 km as stated to the kilometre: the same quantity);
 - "... 182 miles long." becomes "... 293 kilometres long." (a different quantity, written in the premise's unit).
 
-Only quantities with a unit of the table below are touched, only when the premise states a quantity of the same
+Numbers are read as digits ("1,140", "2.5") or as words up to "ninety-nine" and "nine thousand" ("five miles", "a
+hundred metres"). Only quantities with a unit of the table below are touched, only when the premise states a quantity of the same
 dimension in another unit and none in the hypothesis's own unit; everything else in the text is kept byte for byte.
 Two quantities are the same when their intervals as stated (half a unit of the last written digit either side;
 round numbers: see :func:`_half`) overlap, widened by :data:`RELATIVE_SLACK` for rounded conversion factors
@@ -113,8 +114,22 @@ _UNIT_FORMS: tuple[tuple[Unit, tuple[str, ...], tuple[str, ...]], ...] = (
 )
 _WORDS = {form: unit for unit, words, _ in _UNIT_FORMS for form in words}
 _SYMBOLS = {form: unit for unit, _, symbols in _UNIT_FORMS for form in symbols}
-# not a digit of a longer number, an identifier or an amount of money ("$5m" is five million)
-_NUMBER = r"(?<![\w.,$£€])(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)"
+_ONES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+         "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen")
+_TENS = ("twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
+#: number words and their values: 0-99 ("twenty-five", "twenty five"), "a/one .. nine hundred/thousand"
+_NUMBER_WORDS: dict[str, int] = {
+    **{w: i for i, w in enumerate(_ONES)},
+    **{t: 20 + 10 * i for i, t in enumerate(_TENS)},
+    **{f"{t}{sep}{o}": 20 + 10 * i + j for i, t in enumerate(_TENS) for j, o in enumerate(_ONES[1:10], 1)
+       for sep in ("-", " ")},
+    **{f"{m} {big}": (1 if m == "a" else _ONES.index(m)) * scale for m in ("a", *_ONES[1:10])
+       for big, scale in (("hundred", 100), ("thousand", 1000))},
+}
+# not a digit of a longer number, an identifier or an amount of money ("$5m" is five million); or a number word
+_NUMBER = (r"(?<![\w.,$£€])(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?i:"
+           + "|".join(re.escape(w).replace(r"\ ", r"\s+") for w in sorted(_NUMBER_WORDS, key=len, reverse=True))
+           + r")\b)")
 
 
 def _alternation(forms: list[str]) -> str:
@@ -173,8 +188,9 @@ def _part(m: re.Match[str]) -> Quantity:
     number, word, symbol = m.group(1), m.group(2), m.group(3) or m.group(4)
     unit = _WORDS[" ".join(word.lower().split())] if word else _SYMBOLS[" ".join(symbol.split())]
     decimals = len(number.split(".")[1]) if "." in number else 0
-    value = float(number.replace(",", ""))
-    half = _half(number, value)
+    spoken = _NUMBER_WORDS.get(" ".join(number.lower().split()))
+    value = float(number.replace(",", "")) if spoken is None else float(spoken)
+    half = _half(number if spoken is None else str(spoken), value)
     lo, hi = sorted((unit.to_base(value - half), unit.to_base(value + half)))
     return Quantity(unit.to_base(value), lo, hi, unit, decimals, number, word or symbol, m.group(0), m.span())
 
