@@ -7,6 +7,7 @@ import random
 import re
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -201,3 +202,33 @@ def test_window_rows_pair_the_evidence_with_its_removal() -> None:
         evidence = next(r["premise"] for r in rows if r["hypothesis"] == kept["hypothesis"])
         assert evidence in kept["premise"] and evidence not in removed["premise"]
         assert all(len(r["premise"].split()) <= 130 + 12 for r in (kept, removed))  # one filler sentence past 130
+
+
+def test_hard_windows_keep_what_the_model_misreads_beside_the_evidence() -> None:
+    """Only windows scored above 0.5 become (neutral) hard rows, each after a kept row (the pair's premise among
+    unrelated sentences: entailment) of the same hypothesis; the draw depends on the seed alone."""
+    from tools.default_model.hard_windows import hard_rows
+
+    rows = [{"source": "snli/train", "label": "entailment", "premise": f"A man number {i} plays a guitar.",
+             "hypothesis": f"Someone {i} is outside."} for i in range(12)]
+    rows.append({"source": "snli/train", "label": "neutral", "premise": "A dog.", "hypothesis": "A cat."})
+    pools = {"train": ["The committee met on Tuesday.", "Prices rose sharply last year.",
+                       "Tourists visit the old harbour.", "The report was published in spring."], "eval": []}
+    seen: list[tuple[str, str]] = []
+
+    def score(pairs: Any) -> np.ndarray:  # "entailed" when the window is long
+        seen.extend(pairs)
+        return np.array([0.9 if len(p.split()) > 60 else 0.1 for p, _ in pairs])
+
+    got, counts = hard_rows(rows, pools, score, seed=3, per_pair=2)
+    assert counts["pairs"] == 12 and counts["windows"] == len(seen) == 24
+    long_windows = [p for p, _ in seen if len(p.split()) > 60]
+    assert counts["hard"] == len(long_windows) == len(got) // 2 > 0
+    assert [r["premise"] for r in got[1::2]] == long_windows
+    for kept, hard in zip(got[::2], got[1::2]):
+        assert (kept["label"], kept["source"], hard["label"], hard["source"]) == (
+            "entailment", "window/kept", "neutral", "window/hard")
+        evidence = next(r["premise"] for r in rows if r["hypothesis"] == kept["hypothesis"] == hard["hypothesis"])
+        assert evidence in kept["premise"] and evidence not in hard["premise"]
+    assert hard_rows(rows, pools, score, seed=3, per_pair=2)[0] == got
+    assert hard_rows(rows, pools, score, seed=4, per_pair=2)[0] != got

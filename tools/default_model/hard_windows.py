@@ -1,0 +1,105 @@
+"""Hard window negatives for the default model: unrelated text that a model reads as entailing a generic hypothesis.
+
+    python -m tools.default_model.hard_windows --model fastnli/models/default --out DIR [--per-pair 4] [--seed 17]
+
+SNLI's entailed hypotheses are generic ("People are outside.", "A man is having a conversation."), and a model
+trained on captions reads them as entailed by text that says nothing of the kind: the default model shipped with
+this tool took 3.1% of 88,288 unrelated windows of 10-130 words (mnli/dev_matched sentences of the training filler
+pool) as entailing such a hypothesis (P(entailment) > 0.5). Over the ~30 windows of a 2,500-token document that is
+about one statement in ten "supported" by a document that does not mention it. Drawing such windows at random
+(``answer_data --window-train``) gives rows the model already gets right; this tool keeps the ones ``--model`` gets
+wrong.
+
+Each SNLI training entailment pair (premise under 400 characters), in an order shuffled by ``--seed``, gets
+``--per-pair`` windows of unrelated training-pool sentences (10-130 words, no filler sharing two content words with
+the hypothesis: :func:`~tools.default_model.answer_data.long_document`). Every window the model scores above 0.5
+P(entailment) becomes a ``window/hard`` row (neutral), with a ``window/kept`` row (entailment) beside it: the pair's
+own premise among unrelated sentences of the same length, so that the evidence, not the hypothesis, decides.
+
+Writes ``train.jsonl`` and ``build.json`` (the arguments, the scoring model's artifact hash and the rows' sha256); the
+rows are deterministic for one model (its static INT8 scores do not depend on the batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tools.default_model.answer_data import BUILD_RECORD, clean, filler_pools, licensed_rows, long_document
+
+logger = logging.getLogger("fastnli.tools")
+
+#: the window lengths in words (a 128-token window holds about 90 words of prose)
+MIN_WORDS, MAX_WORDS = 10, 130
+#: a window the model reads above this P(entailment) is a hard negative
+HARD_ABOVE = 0.5
+
+Scorer = Callable[[Sequence[tuple[str, str]]], np.ndarray]
+
+
+def hard_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], score: Scorer, seed: int,
+              per_pair: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(the ``window/kept`` + ``window/hard`` rows, counts) for the licensed ``rows``; ``score`` gives P(entailment)
+    of (premise, hypothesis) pairs."""
+    rng = random.Random(seed)
+    cands = [r for r in rows if r["source"] == "snli/train" and r["label"] == "entailment" and len(r["premise"]) < 400]
+    drawn: list[tuple[str, dict[str, Any], int]] = []
+    for r in rng.sample(cands, len(cands)):
+        for _ in range(per_pair):
+            words = rng.randint(MIN_WORDS, MAX_WORDS)
+            drawn.append((long_document(None, r["hypothesis"], pools["train"], words, rng), r, words))
+    p = np.asarray(score([(doc, r["hypothesis"]) for doc, r, _ in drawn]), dtype=np.float64)
+    out: list[dict[str, Any]] = []
+    for (doc, r, words), pe in zip(drawn, p):
+        if pe <= HARD_ABOVE:
+            continue
+        kept = long_document(clean(r["premise"]), r["hypothesis"], pools["train"], words, rng)
+        for premise, label, source in ((kept, "entailment", "window/kept"), (doc, "neutral", "window/hard")):
+            out.append({"premise": premise, "hypothesis": r["hypothesis"], "label": label, "source": source,
+                        "category": "window", "part": "train", "question": "", "pair_id": ""})
+    counts = {"pairs": len(cands), "windows": len(drawn), "hard": len(out) // 2,
+              "hard_share": round(float(np.mean(p > HARD_ABOVE)), 4) if len(p) else 0.0}
+    return out, counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    from fastnli.engine import NLIEngine
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--model", type=Path, default=Path(__file__).resolve().parents[2] / "fastnli" / "models" / "default",
+                    help="the fastnli artifact that scores the windows (default: the embedded model)")
+    ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[3] / "shared" / "nli-data")
+    ap.add_argument("--out", type=Path, required=True, help="directory for train.jsonl and build.json")
+    ap.add_argument("--per-pair", type=int, default=4, help="windows drawn per SNLI entailment pair (default 4)")
+    ap.add_argument("--seed", type=int, default=17)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+    engine = NLIEngine(args.model, device="cpu")
+    licensed, _ = licensed_rows(args.data)
+    rows, counts = hard_rows(licensed, filler_pools(licensed), lambda pairs: engine.predict(list(pairs))[:, -1],
+                             args.seed, args.per_pair)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "train.jsonl"
+    with path.open("w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    record = {"tool": "tools.default_model.hard_windows",
+              "arguments": ["--per-pair", str(args.per_pair), "--seed", str(args.seed)],
+              "model_artifact_hash": engine.manifest.artifact_hash, "precision": engine.precision, "counts": counts,
+              "sha256": {path.name: hashlib.sha256(path.read_bytes()).hexdigest()}}
+    (args.out / BUILD_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    logger.info("%s: %s", path, counts)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
