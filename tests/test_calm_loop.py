@@ -64,7 +64,7 @@ POOL = ["Paris is the capital of France.", "Paris has many museums.", "Lyon is a
 
 def test_accepts_a_consistent_first_answer() -> None:
     main = Scripted([("Question:", "Paris is the capital of France [1]. Paris has many museums [2].")])
-    verifier = Scripted([("Question:", "Paris is the capital of France. Paris has many museums.")])
+    verifier = Scripted([("Question:", "Paris is the capital of France, its largest city. Paris has many museums and parks.")])
     engine = RuleEngine()
     res = calm("What is Paris?", POOL, main, verifier, engine, k=3, max_iterations=3)
     assert res.accepted and res.iterations == 1 and res.stop_reason == "accepted" and res.best_iteration == 1
@@ -110,7 +110,8 @@ def test_gives_up_after_T_with_the_best_answer() -> None:
                "Paris is the capital of France [1]. Paris has many museums [2]. Paris is red [3].",  # 2 of 3
                "Paris is the capital of France [1]. Paris is green [2]. Paris is pink [3]."]  # 1 of 3
     counter = iter(answers)
-    verifier = Scripted([("Question:", "Paris is the capital of France. Paris has many museums.")])
+    verifier = Scripted([("Question:", "Paris is the capital of France, its largest city. Paris has many museums "
+                                       "and parks.")])
 
     def main_lm(prompt: str) -> str:
         return next(counter)

@@ -298,7 +298,8 @@ class PairPlan:
         return self.windows.chunked.tolist() if self.windows is not None else [False] * len(self.pairs)
 
     def read(self, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(rows (len(pairs), k), best_window (len(pairs),))`` from the probabilities of :attr:`model_pairs`.
+        """``(rows (len(pairs), k), best_window (len(pairs),))`` from the probabilities of :attr:`model_pairs`; a pair
+        whose hypothesis is its premise (surrounding whitespace aside) reads as entailment, one-hot.
 
         Raises:
             ValueError: when ``probs`` does not have one row per model pair.
@@ -308,8 +309,16 @@ class PairPlan:
             raise ValueError(f"probs has shape {probs.shape}; the plan needs one row per model pair "
                              f"({len(self.model_pairs)} rows)")
         if self.windows is None:
-            return probs, np.full(len(self.pairs), -1, dtype=np.int64)
-        return self.windows.aggregate(probs)
+            rows, best = probs, np.full(len(self.pairs), -1, dtype=np.int64)
+        else:
+            rows, best = self.windows.aggregate(probs)
+        same = [i for i, (p, h) in enumerate(self.pairs) if p.strip() == h.strip()]
+        if same:  # a text entails itself, whatever a small model reads into a short one ("212 °F" against "212 °F")
+            rows = rows.copy()  # the caller's array stays as it was
+            rows[same] = 0.0
+            rows[same, -1] = 1.0
+            best[same] = -1
+        return rows, best
 
     def warn_truncation(self) -> None:
         """Log one warning when some planned pairs are read cut to the model limit."""
@@ -323,8 +332,8 @@ class PairPlan:
     def run(self, engine: EngineLike, long_premise: LongPremise = "chunk", align: bool = False
             ) -> tuple[np.ndarray, np.ndarray, Any]:
         """The one engine call: ``(rows (N, k), best_window (N,), the engine's CallStats or None when nothing was
-        planned)``; units aligned (``align``) and long premises expanded first (:meth:`expand`). A pair whose
-        hypothesis is its premise (surrounding whitespace aside; after alignment) reads as entailment, one-hot."""
+        planned)``; units aligned (``align``) and long premises expanded first (:meth:`expand`); rows as
+        :meth:`read` gives them."""
         if not self.pairs:
             return np.zeros((0, 3), dtype=np.float32), np.zeros(0, dtype=np.int64), None
         self.expand(engine, long_premise, align)
@@ -335,12 +344,6 @@ class PairPlan:
             raise ValueError(f"the engine returned probabilities of shape {probs.shape} for "
                              f"{len(self.model_pairs)} pairs; expected (N, k)")
         rows, best = self.read(probs)
-        same = [i for i, (p, h) in enumerate(self.pairs) if p.strip() == h.strip()]
-        if same:  # a text entails itself, whatever a small model reads into a short one ("212 °F" against "212 °F")
-            rows = rows.copy()  # the engine's array stays as it returned it
-            rows[same] = 0.0
-            rows[same, -1] = 1.0
-            best[same] = -1
         return rows, best, stats
 
 

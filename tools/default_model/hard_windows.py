@@ -1,6 +1,6 @@
 """Hard window negatives for the default model: unrelated text that a model reads as entailing a generic hypothesis.
 
-    python -m tools.default_model.hard_windows --model fastnli/models/default --out DIR [--per-pair 4] [--seed 17]
+    python -m tools.default_model.hard_windows --model fastnli/models/default --out DIR [--per-pair 8] [--seed 17]
 
 SNLI's entailed hypotheses are generic ("People are outside.", "A man is having a conversation."), and a model
 trained on captions reads them as entailed by text that says nothing of the kind: the default model shipped with
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the fastnli artifact that scores the windows (default: the embedded model)")
     ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[3] / "shared" / "nli-data")
     ap.add_argument("--out", type=Path, required=True, help="directory for train.jsonl and build.json")
-    ap.add_argument("--per-pair", type=int, default=4, help="windows drawn per SNLI entailment pair (default 4)")
+    ap.add_argument("--per-pair", type=int, default=8, help="windows drawn per SNLI entailment pair (default 8)")
     ap.add_argument("--seed", type=int, default=17)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
