@@ -9,8 +9,9 @@ one unit, which it does well:
 - "... 182 miles long." becomes "... 293 kilometres long." (a different quantity, written in the premise's unit).
 
 Numbers are read as digits ("1,140", "2.5") or as words up to "ninety-nine" and "nine thousand" ("five miles", "a
-hundred metres"). Only quantities with a unit of the table below are touched, only when the premise states a quantity of the same
-dimension in another unit and none in the hypothesis's own unit; everything else in the text is kept byte for byte.
+hundred metres"). Only quantities with a unit of the table below are touched, only when the premise states a
+quantity of the same dimension in another unit and none in the hypothesis's own unit; everything else in the text is
+kept byte for byte.
 Two quantities are the same when their intervals as stated (half a unit of the last written digit either side;
 round numbers: see :func:`_half`) overlap, widened by :data:`RELATIVE_SLACK` for rounded conversion factors
 ("5 miles" is "8 km").
