@@ -268,9 +268,10 @@ def to_int8(src: str | Path, dst: str | Path, recipe: dict[str, Any] | None = No
     if r.get("fp32_matmuls") and "blockwise" in r:
         raise ValueError("an INT8 recipe with a 'blockwise' section chooses its MatMuls by blockwise 'match'; drop "
                          "'fp32_matmuls'")
-    exclude = fp32_matmuls(onnx.load(str(src), load_external_data=False), r["fp32_matmuls"]) \
-        if r.get("fp32_matmuls") else []
-    if exclude:
+    kept_fp32 = r.get("fp32_matmuls", [])
+    exclude: list[str] = []
+    if kept_fp32 and not calibrated:  # the calibrated path reads the graph anyway: its names are taken there
+        exclude = fp32_matmuls(onnx.load(str(src), load_external_data=False), kept_fp32)
         r["fp32_matmuls_kept"] = len(exclude)
     if calibrated:
         from fastnli.exporter.outliers import BRANCH_TAG, split_outliers
@@ -278,6 +279,9 @@ def to_int8(src: str | Path, dst: str | Path, recipe: dict[str, Any] | None = No
 
         assert calibration is not None
         model = onnx.load(str(src))
+        if kept_fp32:
+            exclude = fp32_matmuls(model, kept_fp32)
+            r["fp32_matmuls_kept"] = len(exclude)
         if "outliers" in r:
             r["outliers"] = {**r["outliers"], **split_outliers(model, r["outliers"], calibration, frozenset(exclude))}
             exclude += [n.name for n in model.graph.node if BRANCH_TAG in n.name and n.op_type == "MatMul"]

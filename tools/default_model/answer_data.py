@@ -623,16 +623,26 @@ def window_train_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], s
     reads right (6,000 of them changed nothing in a short stage): ``tools/default_model/hard_windows.py`` keeps the
     windows a model misreads."""
     rng = random.Random(seed + 7)
-    cands = [r for r in rows if r["source"] == "snli/train" and r["label"] == "entailment" and len(r["premise"]) < 400]
     out: list[dict[str, Any]] = []
-    for r in rng.sample(cands, n // 2):
+    for r in rng.sample(window_evidence(rows), n // 2):
         target = rng.randint(10, max_words)
         for with_ev in (True, False):
             doc = long_document(clean(r["premise"]) if with_ev else None, r["hypothesis"], pools["train"], target, rng)
-            out.append({"premise": doc, "hypothesis": r["hypothesis"], "label": "entailment" if with_ev else "neutral",
-                        "source": "window/" + ("kept" if with_ev else "removed"), "category": "window",
-                        "part": "train", "question": "", "pair_id": ""})
+            out.append(window_row(doc, r["hypothesis"], "entailment" if with_ev else "neutral",
+                                  "kept" if with_ev else "removed"))
     return out
+
+
+def window_evidence(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pairs whose premise is the evidence of window rows: SNLI training entailment pairs, premise under 400
+    characters, in input order."""
+    return [r for r in rows if r["source"] == "snli/train" and r["label"] == "entailment" and len(r["premise"]) < 400]
+
+
+def window_row(premise: str, hypothesis: str, label: str, kind: str) -> dict[str, Any]:
+    """One training row of category ``window`` (source ``window/<kind>``)."""
+    return {"premise": premise, "hypothesis": hypothesis, "label": label, "source": "window/" + kind,
+            "category": "window", "part": "train", "question": "", "pair_id": ""}
 
 
 def long_premise_eval(dev_rows: list[dict[str, Any]], pools: dict[str, list[str]], seed: int,

@@ -33,7 +33,15 @@ from typing import Any
 
 import numpy as np
 
-from tools.default_model.answer_data import BUILD_RECORD, clean, filler_pools, licensed_rows, long_document
+from tools.default_model.answer_data import (
+    BUILD_RECORD,
+    clean,
+    filler_pools,
+    licensed_rows,
+    long_document,
+    window_evidence,
+    window_row,
+)
 
 logger = logging.getLogger("fastnli.tools")
 
@@ -50,7 +58,7 @@ def hard_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], score: Sc
     """(the ``window/kept`` + ``window/hard`` rows, counts) for the licensed ``rows``; ``score`` gives P(entailment)
     of (premise, hypothesis) pairs."""
     rng = random.Random(seed)
-    cands = [r for r in rows if r["source"] == "snli/train" and r["label"] == "entailment" and len(r["premise"]) < 400]
+    cands = window_evidence(rows)
     drawn: list[tuple[str, dict[str, Any], int]] = []
     for r in rng.sample(cands, len(cands)):
         for _ in range(per_pair):
@@ -62,9 +70,7 @@ def hard_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], score: Sc
         if pe <= HARD_ABOVE:
             continue
         kept = long_document(clean(r["premise"]), r["hypothesis"], pools["train"], words, rng)
-        for premise, label, source in ((kept, "entailment", "window/kept"), (doc, "neutral", "window/hard")):
-            out.append({"premise": premise, "hypothesis": r["hypothesis"], "label": label, "source": source,
-                        "category": "window", "part": "train", "question": "", "pair_id": ""})
+        out += [window_row(kept, r["hypothesis"], "entailment", "kept"), window_row(doc, r["hypothesis"], "neutral", "hard")]
     counts = {"pairs": len(cands), "windows": len(drawn), "hard": len(out) // 2,
               "hard_share": round(float(np.mean(p > HARD_ABOVE)), 4) if len(p) else 0.0}
     return out, counts
