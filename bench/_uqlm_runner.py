@@ -55,7 +55,10 @@ import json
 import math
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from fastnli.engine.engine import PrecisionArg
 
 #: uqlm entry points the runner drives (``api``).
 APIS = ("blackbox", "consistency", "semantic_entropy", "generate_and_score")
@@ -127,7 +130,8 @@ def main(argv: list[str]) -> int:
     checkpoint = str(req["checkpoint_dir"])
     max_length = int(req.get("max_length", 2000))
     batch_size = int(req.get("batch_size", 32))
-    precision = str(req.get("fastnli_precision", "fp32"))
+    # not validated here: fastnli itself rejects an unknown precision, as before
+    precision = cast("PrecisionArg", str(req.get("fastnli_precision", "fp32")))
     use_best = bool(req.get("use_best", False))
     prompts = req.get("prompts")
     scorers = list(req.get("scorers") or ["noncontradiction"])

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                 engine.predict(pairs)
                 best[n] = max(best[n], len(pairs) / (time.perf_counter() - t0))
         vocab = Tokenizer.from_file(str(DEFAULT_MODEL_DIR / "tokenizer.json")).get_vocab_size()
-        result = {"cpu": cpu_model_name(), "int8_isa": int8_isa(), "pairs": len(pairs), "shapes": {}}
+        result: dict[str, Any] = {"cpu": cpu_model_name(), "int8_isa": int8_isa(), "pairs": len(pairs), "shapes": {}}
         for n, a in arts.items():
             manifest = json.loads((Path(a) / "manifest.json").read_text())
             mb = manifest["precisions"]["int8"]["bytes"] / 1e6

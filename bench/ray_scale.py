@@ -24,6 +24,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,8 @@ def main() -> int:
         best = min(best, res.seconds)
     ref = np.array(res.column("noncontradiction"))
     pairs, unique = res.stats.pairs_in, res.stats.unique_pairs
-    table = [{"backend": "fastnli.score, 1 process", "actors": 0, "seconds": best, "max_abs_dncp": 0.0}]
+    table: list[dict[str, Any]] = [
+        {"backend": "fastnli.score, 1 process", "actors": 0, "seconds": best, "max_abs_dncp": 0.0}]
 
     cpus = os.cpu_count() or 1
     for actors in (1, 2):

@@ -238,6 +238,7 @@ def phase_overload(server: Server, size: int, seconds: float, max_requests: int)
             break
         time.sleep(0.1)
     wasted = server.metric("fastnli_wasted_requests_total") - wasted0 + sum(1 for st, _ in results if st == 504)
+    row: dict[str, Any]
     row = {"goal": f"4x capacity, {size}-pair requests", "capacity_rps": round(capacity, 2),
            "offered_rps": round(4 * capacity, 2), "sent": len(results), "ok": len(ok),
            "status_429": sum(1 for st, _ in results if st == 429), "status_5xx": sum(1 for st, _ in results if st >= 500),
@@ -297,7 +298,7 @@ def _slow_client(port: int) -> int:
 
 
 def phase_hostile(server: Server) -> dict[str, Any]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, body, headers, path in [*_hostile_cases(), ("slow client (2 s)", b"", {}, "")]:
         stalls: list[float] = []
         done = threading.Event()
@@ -420,8 +421,10 @@ def main(argv: list[str] | None = None) -> int:
         if "poison" in only:
             phases.append(lambda: phase_poison(server, min(15.0, args.duration), args.max_requests))
         if "overload" in only:
-            phases += [lambda size=size: phase_overload(server, size, args.duration, args.max_requests)
-                       for size in (16, 64)]
+            def overload_at(size: int) -> Callable[[], dict[str, Any]]:
+                return lambda: phase_overload(server, size, args.duration, args.max_requests)
+
+            phases += [overload_at(size) for size in (16, 64)]
         if "hostile" in only:
             phases.append(lambda: phase_hostile(server))
         if "sigterm" in only:

@@ -431,20 +431,21 @@ def main(argv: list[str] | None = None) -> int:
         server.sigterm()
 
     try:
-        t0, outcomes = open_loop(server.port, rate, args.overload_workers, args.duration, args.max_requests, pool,
-                                 expected, atol, args.seed, on_time=(0.8 * args.duration, sigterm))
+        t0, open_outcomes = open_loop(server.port, rate, args.overload_workers, args.duration, args.max_requests,
+                                      pool, expected, atol, args.seed, on_time=(0.8 * args.duration, sigterm))
     finally:
         text = server.terminate()
     cut = sigterm_at[0] if sigterm_at else float("inf")
-    before = [(i, o) for i, o in outcomes if o.start < cut]
-    after = [(i, o) for i, o in outcomes if o.start >= cut]
-    span = (cut if sigterm_at else max(o.start for _, o in outcomes)) - t0
-    over = summarize(f"overload {args.overload:g}x", args.overload_workers, span, before, pool, text, outcomes)
+    before = [(i, o) for i, o in open_outcomes if o.start < cut]
+    after_cut = [(i, o) for i, o in open_outcomes if o.start >= cut]
+    span = (cut if sigterm_at else max(o.start for _, o in open_outcomes)) - t0
+    over = summarize(f"overload {args.overload:g}x", args.overload_workers, span, before, pool, text, open_outcomes)
     over.offered_req_per_s = round(len(before) / span, 1) if span > 0 else 0.0
     over.notes.append(f"target {rate:.0f} req/s, offered {over.offered_req_per_s:.0f} req/s before SIGTERM; "
                       f"queue_size {args.overload_queue_size}")
-    drain = summarize("after SIGTERM", args.overload_workers, max(1e-9, max((o.start for _, o in after), default=cut)
-                                                                  - cut), after, pool, text, outcomes)
+    drain = summarize("after SIGTERM", args.overload_workers,
+                      max(1e-9, max((o.start for _, o in after_cut), default=cut) - cut), after_cut, pool, text,
+                      open_outcomes)
     drain.req_per_s = drain.pairs_per_s = 0.0
     drain.notes.append("requests sent after SIGTERM at 80 % of the phase: refused connections, or answered when the "
                        "server had read them before closing; 'lost' (both rows) = requests the server answered minus "

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check fastnli tests bench tools
-.venv/bin/mypy fastnli
+.venv/bin/mypy fastnli bench tools
 .venv/bin/python -m pytest -q "$@"
 bash scripts/check_wheel.sh
 # pip resolves the runtime requirements to binary wheels on Linux x86_64/aarch64, macOS arm64, Windows (about 10 s)
