@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -171,16 +172,17 @@ def test_the_build_record_rebuilds_the_same_rows(tmp_path: Path) -> None:
     assert ad.main(["--data", str(SHARED_DATA), "--out", *rebuilt]) == 0
     assert (tmp_path / "b" / "train.jsonl").read_bytes() == (tmp_path / "a" / "train.jsonl").read_bytes()
     assert ad.rows_command(tmp_path / "a" / "train.jsonl", "0" * 64, "x") is None  # other bytes: no command
-    # ship records the arguments in the training record, so a card rendered after the rows are gone still has them
+    # ship records the build record in the training record, so a card rendered after the rows are gone still has them
     from tools.default_model import ship
 
     training = {"data": {"extra_train": {"files": {str(tmp_path / "a" / "train.jsonl"): sha}}},
                 "base_training": {"data": {"extra_train": {"files": {"/gone/train.jsonl": sha}}}}}
     ship.record_rows_arguments(training)
-    assert training["data"]["extra_train"]["build_arguments"] == record["arguments"]
-    assert "build_arguments" not in training["base_training"]["data"]["extra_train"]
+    assert training["data"]["extra_train"]["build_record"] == record
+    assert "build_record" not in training["base_training"]["data"]["extra_train"]
     (tmp_path / "a" / ad.BUILD_RECORD).unlink()
-    assert ad.command_for(training["data"]["extra_train"]["build_arguments"], str(tmp_path / "b")) == command
+    assert ship.rows_record(training["data"]["extra_train"]) == record
+    assert ad.command_for(record["arguments"], str(tmp_path / "b")) == command
     long_rows = [r for r in ad.read_jsonl(tmp_path / "a" / "train.jsonl") if r["category"] == "long"]
     assert len(long_rows) == 50
 
@@ -232,3 +234,30 @@ def test_hard_windows_keep_what_the_model_misreads_beside_the_evidence() -> None
         assert evidence in kept["premise"] and evidence not in hard["premise"]
     assert hard_rows(rows, pools, score, seed=3, per_pair=2)[0] == got
     assert hard_rows(rows, pools, score, seed=4, per_pair=2)[0] != got
+
+
+def test_hard_window_rows_follow_an_answer_data_folder_byte_for_byte(tmp_path: Path) -> None:
+    """``--after``: the written file is the folder's rows, unchanged, then the hard rows, and its build record carries
+    the folder's record; a folder whose rows differ from its record is refused by name."""
+    from tools.default_model.hard_windows import TOOL, preceding_rows, write_rows
+
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    plain = '{"premise": "Zürich", "hypothesis": "a"}\n'.encode()
+    (answers / "train.jsonl").write_bytes(plain)
+    plain_record = {"arguments": ["--seed", "0"], "sha256": {"train.jsonl": hashlib.sha256(plain).hexdigest()}}
+    (answers / ad.BUILD_RECORD).write_text(json.dumps(plain_record))
+    hard = [{"premise": "Städte", "hypothesis": "b", "label": "neutral"}]
+    path = write_rows(tmp_path / "out", hard, {"tool": TOOL, "arguments": ["--seed", "17"]}, preceding_rows(answers))
+    data = path.read_bytes()
+    assert data.startswith(plain) and [json.loads(x) for x in data[len(plain):].splitlines()] == hard
+    record = json.loads((tmp_path / "out" / ad.BUILD_RECORD).read_text())
+    assert record["after"] == plain_record and record["arguments"] == ["--seed", "17"]
+    assert ad.rows_record(path, hashlib.sha256(data).hexdigest()) == record
+    alone = write_rows(tmp_path / "alone", hard, {"tool": TOOL, "arguments": []})
+    assert alone.read_bytes() == data[len(plain):]
+    assert "after" not in json.loads((tmp_path / "alone" / ad.BUILD_RECORD).read_text())
+    (answers / "train.jsonl").write_bytes(plain + plain)
+    with pytest.raises(ValueError, match=r"--after .*answers: no build.json there records its train.jsonl as it is "
+                                         r"now; build the folder with tools.default_model.answer_data"):
+        preceding_rows(answers)

@@ -194,3 +194,33 @@ def test_rebuild_restores_a_teacher_from_the_commit_that_shipped_it() -> None:
     assert args == ["--teacher-engine", f"{where}/fastnli/models/default"]
     assert ship.teacher_step({"recipe": {"teacher_engine": {"artifact_hash": "0" * 64}}}) == ("", [])
     assert ship.teacher_step({}) == ("", [])
+
+
+def test_rebuild_of_hard_window_rows_restores_the_model_that_scored_them() -> None:
+    """Rows written by ``hard_windows --after``: the rebuild builds the answer rows, restores the scoring model from
+    the commit that shipped it (once, also when it is the teacher) and runs hard_windows with the logged arguments;
+    a scoring model no commit shipped leaves the rows' hash."""
+    from tools.default_model import hard_windows
+
+    shipped = json.loads((REPO / "fastnli" / "models" / "default" / "manifest.json").read_text())["artifact_hash"]
+    restore, where = ship.restore_step(shipped)
+    if where is None:
+        pytest.skip("not a git checkout with history")
+    record = {"tool": hard_windows.TOOL, "arguments": ["--per-pair", "8", "--seed", "17"],
+              "model_artifact_hash": shipped, "after": {"arguments": ["--seed", "0", "--long-train", "3000"]}}
+    stage = {"command": ["train.py", "--lr", "3e-5", "--extra-train", "/gone/x.jsonl", "--out", "/x/m1"],
+             "data": {"extra_train": {"files": {"/gone/x.jsonl": "e" * 64}, "build_record": record}},
+             "recipe": {"teacher_engine": {"artifact_hash": shipped}}}
+    text = ship.rebuild_text(stage)
+    assert text.count("git archive") == 1 and "(the teacher, artifact" in text
+    assert ("`python -m tools.default_model.answer_data --out /tmp/answers-1-plain --seed 0 --long-train 3000`, "
+            f"`python -m tools.default_model.hard_windows --model {where} --after /tmp/answers-1-plain --out "
+            "/tmp/answers-1 --per-pair 8 --seed 17`, then `python -m tools.default_model.train --lr 3e-5 --data "
+            "../shared/nli-data --extra-train /tmp/answers-1/train.jsonl --out /tmp/default-nli-1 --teacher-engine "
+            f"{where}`") in text
+    del stage["recipe"]
+    text = ship.rebuild_text(stage)
+    assert f"{restore} to score the windows, `python -m tools.default_model.hard_windows --model {where}" in text
+    record["model_artifact_hash"] = "0" * 64
+    assert "the rows of sha256 `" + "e" * 64 + "` (hard windows scored by artifact `0000000000000000…`" in (
+        ship.rebuild_text(stage))

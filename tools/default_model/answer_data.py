@@ -766,16 +766,23 @@ def build_arguments(args: Any) -> list[str]:
             *(["--window-train", str(args.window_train)] if getattr(args, "window_train", 0) else [])]
 
 
-def rows_arguments(train_file: str | Path, sha256: str) -> list[str] | None:
-    """The arguments that rebuild the training rows ``train_file`` (whose recorded hash is ``sha256``), from the
-    :data:`BUILD_RECORD` beside it; None when there is none or it records other bytes."""
+def rows_record(train_file: str | Path, sha256: str) -> dict[str, Any] | None:
+    """The :data:`BUILD_RECORD` beside the training rows ``train_file`` (whose recorded hash is ``sha256``): the tool
+    and arguments that rebuild them; None when there is none or it records other bytes."""
     record_path = Path(train_file).with_name(BUILD_RECORD)
     if not record_path.is_file():
         return None
-    record = json.loads(record_path.read_text(encoding="utf-8"))
+    record: dict[str, Any] = json.loads(record_path.read_text(encoding="utf-8"))
     if record["sha256"].get(Path(train_file).name) != sha256:
         return None
-    return list(record["arguments"])
+    return record
+
+
+def rows_arguments(train_file: str | Path, sha256: str) -> list[str] | None:
+    """The arguments that rebuild the training rows ``train_file`` (whose recorded hash is ``sha256``), from the
+    :data:`BUILD_RECORD` beside it; None when there is none or it records other bytes."""
+    record = rows_record(train_file, sha256)
+    return None if record is None else list(record["arguments"])
 
 
 def command_for(arguments: list[str], out: str) -> str:

@@ -1,6 +1,7 @@
 """Hard window negatives for the default model: unrelated text that a model reads as entailing a generic hypothesis.
 
-    python -m tools.default_model.hard_windows --model fastnli/models/default --out DIR [--per-pair 8] [--seed 17]
+    python -m tools.default_model.hard_windows --model fastnli/models/default --out DIR [--after ROWS_DIR]
+        [--per-pair 8] [--seed 17]
 
 SNLI's entailed hypotheses are generic ("People are outside.", "A man is having a conversation."), and a model
 trained on captions reads them as entailed by text that says nothing of the kind: the default model shipped with
@@ -17,7 +18,10 @@ P(entailment) becomes a ``window/hard`` row (neutral), with a ``window/kept`` ro
 own premise among unrelated sentences of the same length, so that the evidence, not the hypothesis, decides.
 
 Writes ``train.jsonl`` and ``build.json`` (the arguments, the scoring model's artifact hash and the rows' sha256); the
-rows are deterministic for one model (its static INT8 scores do not depend on the batch).
+rows are deterministic for one model (its static INT8 scores do not depend on the batch). With ``--after ROWS_DIR``
+(an ``answer_data`` output), ``train.jsonl`` holds that folder's training rows first, byte for byte, then the hard
+rows, and ``build.json`` carries the folder's own build record: one file for ``train --extra-train`` that the model
+card can rebuild.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from tools.default_model.answer_data import (
     filler_pools,
     licensed_rows,
     long_document,
+    rows_record,
     window_evidence,
     window_row,
 )
@@ -49,6 +54,8 @@ logger = logging.getLogger("fastnli.tools")
 MIN_WORDS, MAX_WORDS = 10, 130
 #: a window the model reads above this P(entailment) is a hard negative
 HARD_ABOVE = 0.5
+#: the ``tool`` of this tool's build records
+TOOL = "tools.default_model.hard_windows"
 
 Scorer = Callable[[Sequence[tuple[str, str]]], np.ndarray]
 
@@ -76,6 +83,34 @@ def hard_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], score: Sc
     return out, counts
 
 
+def preceding_rows(folder: Path) -> tuple[bytes, dict[str, Any]]:
+    """(the bytes of ``folder``/train.jsonl, its build record) for ``--after``; refused when the folder has no build
+    record of those bytes."""
+    data = (folder / "train.jsonl").read_bytes()
+    record = rows_record(folder / "train.jsonl", hashlib.sha256(data).hexdigest())
+    if record is None:
+        raise ValueError(f"--after {folder}: no {BUILD_RECORD} there records its train.jsonl as it is now; build the "
+                         "folder with tools.default_model.answer_data")
+    return data, record
+
+
+def write_rows(out: Path, rows: list[dict[str, Any]], record: dict[str, Any],
+               after: tuple[bytes, dict[str, Any]] | None = None) -> Path:
+    """Write ``out``/train.jsonl (``after``'s rows first, byte for byte, then ``rows``) and ``out``/build.json
+    (``record`` with the file's sha256 and ``after``'s build record); returns the rows' path."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "train.jsonl"
+    with path.open("wb") as f:
+        f.write(after[0] if after else b"")
+        for r in rows:
+            f.write((json.dumps(r, ensure_ascii=False) + "\n").encode("utf-8"))
+    record = {**record, "sha256": {path.name: hashlib.sha256(path.read_bytes()).hexdigest()}}
+    if after:
+        record["after"] = after[1]
+    (out / BUILD_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     from fastnli.engine import NLIEngine
 
@@ -86,24 +121,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="directory for train.jsonl and build.json")
     ap.add_argument("--per-pair", type=int, default=8, help="windows drawn per SNLI entailment pair (default 8)")
     ap.add_argument("--seed", type=int, default=17)
+    ap.add_argument("--after", type=Path, default=None,
+                    help="an answer_data output folder whose train.jsonl rows come first in the written file")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-
+    try:
+        after = preceding_rows(args.after) if args.after is not None else None
+    except ValueError as e:
+        ap.error(str(e))
     engine = NLIEngine(args.model, device="cpu")
     licensed, _ = licensed_rows(args.data)
     rows, counts = hard_rows(licensed, filler_pools(licensed), lambda pairs: engine.predict(list(pairs))[:, -1],
                              args.seed, args.per_pair)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "train.jsonl"
-    with path.open("w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    record = {"tool": "tools.default_model.hard_windows",
-              "arguments": ["--per-pair", str(args.per_pair), "--seed", str(args.seed)],
-              "model_artifact_hash": engine.manifest.artifact_hash, "precision": engine.precision, "counts": counts,
-              "sha256": {path.name: hashlib.sha256(path.read_bytes()).hexdigest()}}
-    (args.out / BUILD_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    logger.info("%s: %s", path, counts)
+    record = {"tool": TOOL, "arguments": ["--per-pair", str(args.per_pair), "--seed", str(args.seed)],
+              "model_artifact_hash": engine.manifest.artifact_hash, "precision": engine.precision, "counts": counts}
+    logger.info("%s: %s", write_rows(args.out, rows, record, after), counts)
     return 0
 
 

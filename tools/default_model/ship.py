@@ -33,7 +33,7 @@ from fastnli.engine.session import SessionConfig, cpu_model_name, int8_isa, u8s8
 from fastnli.exporter import export
 from fastnli.exporter.precision import INT8_RECIPE, INT8_RECIPES
 from fastnli.scorers.questions import QUESTION_FORMAT
-from tools.default_model import answer_data, mission_eval
+from tools.default_model import answer_data, hard_windows, mission_eval
 from tools.default_model.train import selection_text, teacher_lineage
 
 logger = logging.getLogger("fastnli")
@@ -423,17 +423,60 @@ def shipped_commit(artifact_hash: str) -> str | None:
     return out[0] if out else None
 
 
+def restore_step(artifact_hash: str | None) -> tuple[str, str | None]:
+    """``(command that restores a default model shipped in this repository's history, the restored model's path)``
+    for the artifact ``artifact_hash``; ``("", None)`` when no commit shipped it."""
+    if not artifact_hash or (commit := shipped_commit(artifact_hash)) is None:
+        return "", None
+    where = f"/tmp/teacher-{commit[:12]}"
+    return (f"`mkdir -p {where} && git archive {commit} fastnli/models/default | tar -x -C {where}` (artifact "
+            f"`{artifact_hash[:16]}…`, the default model of that commit)", f"{where}/fastnli/models/default")
+
+
 def teacher_step(stage: dict[str, Any]) -> tuple[str, list[str]]:
     """``(command that restores the stage's teacher, ["--teacher-engine", its path])`` when the teacher was a default
     model shipped in this repository's history; ``("", [])`` otherwise (no teacher, or one not found)."""
     teacher = (stage.get("recipe") or {}).get("teacher_engine") or {}
-    commit = shipped_commit(teacher["artifact_hash"]) if teacher.get("artifact_hash") else None
-    if commit is None:
+    restore, where = restore_step(teacher.get("artifact_hash"))
+    if where is None:
         return "", []
-    where = f"/tmp/teacher-{commit[:12]}"
-    return (f"`mkdir -p {where} && git archive {commit} fastnli/models/default | tar -x -C {where}` (the teacher, "
-            f"artifact `{teacher['artifact_hash'][:16]}…`, the default model of that commit), ",
-            ["--teacher-engine", f"{where}/fastnli/models/default"])
+    return restore.replace(" (artifact", " (the teacher, artifact", 1) + ", ", ["--teacher-engine", where]
+
+
+def rows_record(extra: dict[str, Any]) -> dict[str, Any] | None:
+    """The build record of a stage's generated rows (``extra_train`` of its training log): stored there by
+    :func:`record_rows_arguments`, else read beside the rows; None when neither has it."""
+    if record := extra.get("build_record"):
+        return dict(record)
+    if arguments := extra.get("build_arguments"):  # the form older training records store
+        return {"arguments": arguments}
+    (path, sha), = extra["files"].items()
+    return answer_data.rows_record(path, sha)
+
+
+def rows_steps(extra: dict[str, Any], rows_dir: str, restored: set[str]) -> str:
+    """The rebuild's commands that write a stage's generated rows to ``rows_dir``/train.jsonl: ``answer_data``, or
+    ``answer_data`` then ``hard_windows --after`` (scored by the default model its record names, restored from git
+    unless ``restored``, the paths restored by earlier steps, holds it)."""
+    record = rows_record(extra)
+    if record is None:
+        (_, sha), = extra["files"].items()
+        return f"the rows of sha256 `{sha}` (their build record was not found at ship time)"
+    if record.get("tool") != hard_windows.TOOL:
+        return f"`{answer_data.command_for(record['arguments'], rows_dir)}`"
+    restore, model = restore_step(record.get("model_artifact_hash"))
+    if model is None or "after" not in record:
+        (_, sha), = extra["files"].items()
+        return (f"the rows of sha256 `{sha}` (hard windows scored by artifact "
+                f"`{str(record.get('model_artifact_hash'))[:16]}…`, which no commit shipped)")
+    plain = f"{rows_dir}-plain"
+    steps = [f"`{answer_data.command_for(record['after']['arguments'], plain)}`"]
+    if model not in restored:
+        restored.add(model)
+        steps.append(restore + " to score the windows")
+    steps.append(f"`python -m tools.default_model.hard_windows --model {model} --after {plain} --out {rows_dir} "
+                 + " ".join(record["arguments"]) + "`")
+    return ", ".join(steps)
 
 
 def rebuild_text(t: dict[str, Any]) -> str:
@@ -442,21 +485,18 @@ def rebuild_text(t: dict[str, Any]) -> str:
     stages = training_stages(t)
     if not all(s["data"].get("extra_train") for s in stages):
         return ""
-    steps, restored = [], set()
+    steps: list[str] = []
+    restored: set[str] = set()
     for i, stage in enumerate(stages, 1):
         rows_dir, out = f"/tmp/answers-{i}", f"/tmp/default-nli-{i}"
-        extra = stage["data"]["extra_train"]
-        (path, sha), = extra["files"].items()
-        arguments = extra.get("build_arguments") or answer_data.rows_arguments(path, sha)
-        command = answer_data.command_for(arguments, rows_dir) if arguments else None
-        rows = f"`{command}`" if command else f"the rows of sha256 `{sha}` (their build record was not found at ship time)"
+        restore, teacher = teacher_step(stage)
+        if teacher and teacher[1] in restored:  # the same model restored by an earlier step: once
+            restore = ""
+        restored.update(teacher[1:])
+        rows = rows_steps(stage["data"]["extra_train"], rows_dir, restored)
         paths = ["--data", "../shared/nli-data", "--extra-train", f"{rows_dir}/train.jsonl", "--out", out]
         if i > 1:
             paths += ["--base", f"/tmp/default-nli-{i - 1}"]
-        restore, teacher = teacher_step(stage)
-        if restore in restored:  # the same teacher as an earlier stage: restored once
-            restore = ""
-        restored.add(restore)
         steps.append(f"{i}. {restore}{rows}, then `{training_command(stage['command'], paths + teacher)}`")
     return ("\nRebuild, from the repository root (every row file is the same byte for byte; its sha256 is in the "
             "training log):\n\n" + "\n".join(steps) + f"\n{len(stages) + 1}. `python -m tools.default_model.ship "
@@ -465,14 +505,14 @@ def rebuild_text(t: dict[str, Any]) -> str:
 
 
 def record_rows_arguments(training: dict[str, Any]) -> None:
-    """Store in each stage's ``extra_train`` the arguments that rebuild its rows (``build_arguments``, read from the
-    rows' build record while it exists), so that a card rendered later does not need the rows' folder."""
+    """Store in each stage's ``extra_train`` the build record of its rows (``build_record``, read beside the rows
+    while it exists), so that a card rendered later does not need the rows' folder."""
     for stage in training_stages(training):
         extra = stage["data"].get("extra_train")
-        if extra and "build_arguments" not in extra:
+        if extra and "build_record" not in extra and "build_arguments" not in extra:
             (path, sha), = extra["files"].items()
-            if (arguments := answer_data.rows_arguments(path, sha)) is not None:
-                extra["build_arguments"] = arguments
+            if (record := answer_data.rows_record(path, sha)) is not None:
+                extra["build_record"] = record
 
 
 def recipe_lines(recipe: dict[str, Any]) -> str:
@@ -553,7 +593,20 @@ def extra_data_text(t: dict[str, Any]) -> str:
             "distractors of the same question type, more/less specific forms; bare, in one sentence and "
             "question-aware), number swaps, digit/word variants and negations of the licensed sentences above, "
             "synthetic unit conversions, and premises lengthened with unrelated mnli/dev_matched sentences (label "
-            "kept with the evidence; neutral without it). Distillation applies to the licensed NLI rows only.\n")
+            f"kept with the evidence; neutral without it){hard_windows_text(extra)}. Distillation applies to the "
+            "licensed NLI rows only.\n")
+
+
+def hard_windows_text(extra: dict[str, Any]) -> str:
+    """The model card's account of hard window rows (``hard_windows --after``) among a stage's generated rows."""
+    record = rows_record(extra) or {}
+    if record.get("tool") != hard_windows.TOOL:
+        return ""
+    c = record["counts"]
+    return (f"; the `window` rows are hard negatives (`tools/default_model/hard_windows.py`): {c['hard']:,} of "
+            f"{c['windows']:,} windows of unrelated sentences that the model before this stage (artifact "
+            f"`{record['model_artifact_hash'][:16]}…`) read as entailing an SNLI entailment hypothesis, each as a "
+            "neutral row beside the pair's own premise among unrelated sentences (entailment)")
 
 
 #: Pairs a user tries first (from the issue that asked for a job-shaped model): illustrations, not an evaluation.
