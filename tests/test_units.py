@@ -57,6 +57,17 @@ from fastnli.scorers.units import align_units, quantities, resolve_align_units
     ("Water boils at 100 degrees Celsius.", "Water boils at 90 degrees Celsius.",
      "Water boils at 90 degrees Celsius."),
     ("The race is 10 km.", "The race is 10.4 km.", "The race is 10.4 km."),
+    # ranges: one quantity, converted number by number, never replaced by the premise's words
+    ("It is about 13 km.", "It is between 5 and 10 miles.", "It is between 8 and 16 km."),
+    ("8 km", "5-10 miles", "8-16 km"),
+    ("8 km", "five to ten miles", "8 to 16 km"),
+    ("Water boils at 100 °C.", "It boils between 200 and 220 °F.", "It boils between 93 and 104 °C."),
+    ("The film runs 150 minutes.", "It runs 2 to 3 hours.", "It runs 120 to 180 minutes."),
+    ("He is 180 cm tall.", "He is between 5 and 6 feet 11 inches tall.", "He is between 152 and 211 cm tall."),
+    ("The trail is between 5 and 10 miles long.", "It is 12 km.", "It is 7 miles."),
+    ("It is 5 to 10 miles.", "It is 8 to 16 km.", "It is 5 to 10 miles."),  # the same range: converted to it
+    ("8 km", "I ran 3 and 10 miles", "I ran 3 and 16 km"),  # "and" without "between": a list, not a range
+    ("The trail is 3 km.", "It is from 2 to 3 km.", "It is from 2 to 3 km."),  # one unit: left to the model
     # left as written: no quantity of the dimension, or no unit the table knows
     ("The river is 569 km long.", "It took 3 hours.", "It took 3 hours."),
     ("The Berlin Wall fell in 1989.", "The Berlin Wall fell in 1991.", "The Berlin Wall fell in 1991."),
@@ -75,6 +86,10 @@ def test_quantities_read_numbers_units_and_compounds() -> None:
     assert [x.text for x in quantities("1,140 minutes, -40 °F and 5-kilometre runs; 5g and 4h")] == [
         "1,140 minutes", "-40 °F", "5-kilometre"]
     assert quantities("The Berlin Wall fell in 1989.") == []
+    assert [(q.text, q.low, q.base, q.joiner) for q in quantities("5-10 miles, between 2 and 3 kg, 5 miles to 6 km")] == [
+        ("5-10 miles", pytest.approx(5 * 1609.344), pytest.approx(10 * 1609.344), "-"),
+        ("2 and 3 kg", 2.0, 3.0, " and "), ("5 miles", None, pytest.approx(5 * 1609.344), ""),
+        ("6 km", None, 6000.0, "")]
     assert [(q.text, q.base) for q in quantities("nine thousand feet, ninety nine kg; a hundred m; One man")] == [
         ("nine thousand feet", pytest.approx(9000 * 0.3048)), ("ninety nine kg", 99.0),
         ("a hundred m", 100.0)]

@@ -23,7 +23,7 @@ import functools
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 #: the relative tolerance of "the same quantity" on top of the stated precision (1 mile = 1.6 km, 1 inch = 2.5 cm)
@@ -144,6 +144,8 @@ _QUANTITY = re.compile(_NUMBER + r"(?:\s*|-)(?:(?i:(" + _alternation(list(_WORDS
                        + _alternation([f for f in _SYMBOLS if len(f) == 1]) + r"))(?![\w²³])")
 # what may join the parts of one compound quantity ("5 feet 11 inches", "2 hours and 30 minutes")
 _JOINER = re.compile(r"\s*(?:,|and|,\s*and)?\s*", re.I)
+# the start of a range that ends at a quantity, its number without a unit: "5-", "5 to ", "between 5 and ", "5–"
+_RANGE_START = re.compile(r"(?:\b(between|from)\s+)?" + _NUMBER + r"(\s*(?:-|–|—|to|and)\s*)\Z", re.I)
 
 
 @dataclass(frozen=True)
@@ -162,16 +164,26 @@ class Quantity:
     text: str
     span: tuple[int, int]
     parts: int = 1
+    #: a range ("5 to 10 miles", ``base`` its last number): its first number in base units, and the text between its
+    #: two numbers (" to "); ``lo`` and ``hi`` span both
+    low: float | None = None
+    joiner: str = ""
 
-    def written_in_my_unit(self, base: float) -> str:
-        """``base`` written in this quantity's (last part's) unit, with as many decimals (more when that would read
-        as this quantity itself), thousands separated as this one is."""
+    def _number(self, base: float, unlike_mine: bool) -> str:
         value = self.unit.from_base(base)
         for decimals in range(self.decimals, self.decimals + 4):
             number = f"{value:,.{decimals}f}" if "," in self.number else f"{value:.{decimals}f}"
-            if number != self.number:
+            if not unlike_mine or number != self.number:
                 break
-        return f"{number} {self.unit_text}"
+        return number
+
+    def written_in_my_unit(self, other: Quantity) -> str:
+        """``other`` written in this quantity's (last part's) unit, with as many decimals, thousands separated as this
+        one is: a value with more decimals when it would otherwise read as this quantity itself, a range ("8 to 16
+        km") number by number, with its own words between them."""
+        if other.low is None:
+            return f"{self._number(other.base, True)} {self.unit_text}"
+        return f"{self._number(other.low, False)}{other.joiner}{self._number(other.base, False)} {self.unit_text}"
 
 
 def _half(number: str, value: float) -> float:
@@ -185,15 +197,34 @@ def _half(number: str, value: float) -> float:
     return max(0.5, min(0.5 * 10.0 ** zeros, ROUND_NUMBER_PRECISION * abs(value)))
 
 
+def _value(number: str) -> tuple[float, float]:
+    """(value, half its stated precision) of a number as written, in digits or in words."""
+    spoken = _NUMBER_WORDS.get(" ".join(number.lower().split()))
+    value = float(number.replace(",", "")) if spoken is None else float(spoken)
+    return value, _half(number if spoken is None else str(spoken), value)
+
+
 def _part(m: re.Match[str]) -> Quantity:
     number, word, symbol = m.group(1), m.group(2), m.group(3) or m.group(4)
     unit = _WORDS[" ".join(word.lower().split())] if word else _SYMBOLS[" ".join(symbol.split())]
     decimals = len(number.split(".")[1]) if "." in number else 0
-    spoken = _NUMBER_WORDS.get(" ".join(number.lower().split()))
-    value = float(number.replace(",", "")) if spoken is None else float(spoken)
-    half = _half(number if spoken is None else str(spoken), value)
+    value, half = _value(number)
     lo, hi = sorted((unit.to_base(value - half), unit.to_base(value + half)))
     return Quantity(unit.to_base(value), lo, hi, unit, decimals, number, word or symbol, m.group(0), m.span())
+
+
+def _ranged(q: Quantity, text: str, start: int) -> Quantity:
+    """``q`` as the end of a range when a number without a unit and a range word come right before it (from
+    ``start``, where the text's previous quantity ends): "5 to 10 miles", "5-10 miles", "between 5 and 10 miles";
+    else ``q`` itself. Each number of a range keeps its own value; "and" makes a range only after "between"."""
+    m = _RANGE_START.search(text, max(start, q.span[0] - 80), q.span[0])
+    if m is None or (m.group(3).strip().lower() == "and" and m.group(1) is None):
+        return q
+    value, half = _value(m.group(2))
+    low = q.unit.to_base(value)
+    ends = (q.lo, q.hi, q.unit.to_base(value - half), q.unit.to_base(value + half))
+    return replace(q, lo=min(ends), hi=max(ends), text=text[m.start(2):q.span[1]], span=(m.start(2), q.span[1]),
+                   low=low, joiner=m.group(3))
 
 
 def quantities(text: str) -> list[Quantity]:
@@ -214,12 +245,13 @@ def _quantities(text: str) -> tuple[Quantity, ...]:
                 and prev.unit.to_base(1.0) > q.unit.to_base(1.0)
                 and _JOINER.fullmatch(text, prev.span[1], q.span[0])):
             zero = q.unit.to_base(0.0)
-            q = Quantity(prev.base + q.base - zero, prev.base + q.lo - zero, prev.base + q.hi - zero, q.unit,
-                         q.decimals, q.number, q.unit_text, text[prev.span[0]:q.span[1]], (prev.span[0], q.span[1]),
-                         prev.parts + 1)
+            lo = prev.base + q.lo - zero  # a range ("5 and 6 feet 11 inches") keeps its first number
+            q = Quantity(prev.base + q.base - zero, lo if prev.low is None else min(prev.lo, lo),
+                         prev.base + q.hi - zero, q.unit, q.decimals, q.number, q.unit_text,
+                         text[prev.span[0]:q.span[1]], (prev.span[0], q.span[1]), prev.parts + 1, prev.low, prev.joiner)
             out[-1] = q
         else:
-            out.append(q)
+            out.append(_ranged(q, text, prev.span[1] if prev is not None else 0))
     return tuple(out)
 
 
@@ -237,8 +269,10 @@ def align_units(premise: str, hypothesis: str) -> str:
     A hypothesis quantity in a unit the premise also uses (both of one part) keeps its number: it only takes the
     premise's words when the numbers are equal ("100 degrees Celsius" against "100 °C" reads "100 °C"; "90 degrees
     Celsius" stays), so the model still compares the numbers. A quantity whose dimension the premise lacks is left
-    as it is. When the premise has several of the dimension, the one nearest in value is the reference. The text
-    outside the rewritten quantities is unchanged; a text without quantities comes back as it is.
+    as it is. When the premise has several of the dimension, the one nearest in value is the reference. A range
+    ("5 to 10 miles", "between 5 and 10 miles", "5-10 miles") is one quantity: converted number by number, and never
+    replaced by the premise's words, nor a value by a range's. The text outside the rewritten quantities is
+    unchanged; a text without quantities comes back as it is.
     """
     theirs = _quantities(premise)
     if not theirs:
@@ -248,10 +282,11 @@ def align_units(premise: str, hypothesis: str) -> str:
         same_dim = [p for p in theirs if p.unit.dimension == q.unit.dimension]
         same_unit = [p for p in same_dim if p.unit is q.unit and p.parts == q.parts == 1]
         if same_unit:
-            text = next((p.text for p in same_unit if p.base == q.base), q.text)
+            text = next((p.text for p in same_unit if p.base == q.base and p.low is None and q.low is None), q.text)
         elif same_dim:
             ref = min(same_dim, key=lambda p: _distance(p.base, q.base))
-            text = ref.text if _same(ref, q) else ref.written_in_my_unit(q.base)
+            one = ref.low is None and q.low is None and _same(ref, q)
+            text = ref.text if one else ref.written_in_my_unit(q)
         else:
             continue
         out += [hypothesis[last:q.span[0]], text]
