@@ -177,7 +177,7 @@ def test_the_build_record_rebuilds_the_same_rows(tmp_path: Path) -> None:
 
     training = {"data": {"extra_train": {"files": {str(tmp_path / "a" / "train.jsonl"): sha}}},
                 "base_training": {"data": {"extra_train": {"files": {"/gone/train.jsonl": sha}}}}}
-    ship.record_rows_arguments(training)
+    ship.record_rows_builds(training)
     assert training["data"]["extra_train"]["build_record"] == record
     assert "build_record" not in training["base_training"]["data"]["extra_train"]
     (tmp_path / "a" / ad.BUILD_RECORD).unlink()

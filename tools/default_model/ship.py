@@ -445,7 +445,7 @@ def teacher_step(stage: dict[str, Any]) -> tuple[str, list[str]]:
 
 def rows_record(extra: dict[str, Any]) -> dict[str, Any] | None:
     """The build record of a stage's generated rows (``extra_train`` of its training log): stored there by
-    :func:`record_rows_arguments`, else read beside the rows; None when neither has it."""
+    :func:`record_rows_builds`, else read beside the rows; None when neither has it."""
     if record := extra.get("build_record"):
         return dict(record)
     if arguments := extra.get("build_arguments"):  # the form older training records store
@@ -504,7 +504,7 @@ def rebuild_text(t: dict[str, Any]) -> str:
             "as the CI gate does)\n")
 
 
-def record_rows_arguments(training: dict[str, Any]) -> None:
+def record_rows_builds(training: dict[str, Any]) -> None:
     """Store in each stage's ``extra_train`` the build record of its rows (``build_record``, read beside the rows
     while it exists), so that a card rendered later does not need the rows' folder."""
     for stage in training_stages(training):
@@ -815,7 +815,7 @@ def main() -> None:
     training = json.loads((args.checkpoint / "training_log.json").read_text())
     if first := base_training(training):
         training["base_training"] = first
-    record_rows_arguments(training)
+    record_rows_builds(training)
     teacher = training["recipe"].get("teacher_engine")
     if teacher and teacher.get("lineage") is None:  # a training log without lineage; read before --out (maybe the teacher)
         teacher["lineage"] = teacher_lineage(Path(teacher["artifact"]))  # is replaced
