@@ -778,13 +778,6 @@ def rows_record(train_file: str | Path, sha256: str) -> dict[str, Any] | None:
     return record
 
 
-def rows_arguments(train_file: str | Path, sha256: str) -> list[str] | None:
-    """The arguments that rebuild the training rows ``train_file`` (whose recorded hash is ``sha256``), from the
-    :data:`BUILD_RECORD` beside it; None when there is none or it records other bytes."""
-    record = rows_record(train_file, sha256)
-    return None if record is None else list(record["arguments"])
-
-
 def command_for(arguments: list[str], out: str) -> str:
     """The command that builds the rows of ``arguments`` (:func:`build_arguments`) into ``out``."""
     return " ".join(["python -m tools.default_model.answer_data --out", out, *arguments])
@@ -792,9 +785,9 @@ def command_for(arguments: list[str], out: str) -> str:
 
 def rows_command(train_file: str | Path, sha256: str, out: str) -> str | None:
     """The command that rebuilds the training rows ``train_file`` (whose recorded hash is ``sha256``) into ``out``
-    (:func:`rows_arguments`); None when their build record is missing or records other bytes."""
-    arguments = rows_arguments(train_file, sha256)
-    return None if arguments is None else command_for(arguments, out)
+    (:func:`rows_record`); None when their build record is missing or records other bytes."""
+    record = rows_record(train_file, sha256)
+    return None if record is None else command_for(record["arguments"], out)
 
 
 if __name__ == "__main__":

@@ -459,14 +459,13 @@ def rows_steps(extra: dict[str, Any], rows_dir: str, restored: set[str]) -> str:
     ``answer_data`` then ``hard_windows --after`` (scored by the default model its record names, restored from git
     unless ``restored``, the paths restored by earlier steps, holds it)."""
     record = rows_record(extra)
+    (_, sha), = extra["files"].items()
     if record is None:
-        (_, sha), = extra["files"].items()
         return f"the rows of sha256 `{sha}` (their build record was not found at ship time)"
     if record.get("tool") != hard_windows.TOOL:
         return f"`{answer_data.command_for(record['arguments'], rows_dir)}`"
     restore, model = restore_step(record.get("model_artifact_hash"))
     if model is None or "after" not in record:
-        (_, sha), = extra["files"].items()
         return (f"the rows of sha256 `{sha}` (hard windows scored by artifact "
                 f"`{str(record.get('model_artifact_hash'))[:16]}…`, which no commit shipped)")
     plain = f"{rows_dir}-plain"
