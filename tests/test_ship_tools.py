@@ -221,6 +221,23 @@ def test_rebuild_of_hard_window_rows_restores_the_model_that_scored_them() -> No
     del stage["recipe"]
     text = ship.rebuild_text(stage)
     assert f"{restore} to score the windows, `python -m tools.default_model.hard_windows --model {where}" in text
-    record["model_artifact_hash"] = "0" * 64
+    # a second round mined after the first: one hard_windows per round, first round first, the model restored once
+    second = {"tool": hard_windows.TOOL, "arguments": ["--per-pair", "12", "--seed", "18"],
+              "model_artifact_hash": shipped, "after": record, "counts": {"hard": 5, "windows": 600}}
+    record["counts"] = {"hard": 7, "windows": 800}
+    stage["data"]["extra_train"]["build_record"] = second
+    text = ship.rebuild_text(stage)
+    assert text.count("git archive") == 1
+    assert ("`python -m tools.default_model.answer_data --out /tmp/answers-1-round-plain --seed 0 --long-train 3000`, "
+            f"{restore} to score the windows, `python -m tools.default_model.hard_windows --model {where} --after "
+            "/tmp/answers-1-round-plain --out /tmp/answers-1-round --per-pair 8 --seed 17`, `python -m "
+            f"tools.default_model.hard_windows --model {where} --after /tmp/answers-1-round --out /tmp/answers-1 "
+            "--per-pair 12 --seed 18`, then `python -m tools.default_model.train") in text
+    assert (f"(7 of 800 windows that artifact `{shipped[:16]}…` misread, then 5 of 600 windows that artifact "
+            f"`{shipped[:16]}…` misread)") in ship.hard_windows_text(stage["data"]["extra_train"])
+    record["model_artifact_hash"] = "0" * 64  # a round no commit shipped: the chain cannot be rebuilt
+    assert "the rows of sha256 `" + "e" * 64 + "` (hard windows scored by artifact `0000000000000000…`" in (
+        ship.rebuild_text(stage))
+    stage["data"]["extra_train"]["build_record"] = record
     assert "the rows of sha256 `" + "e" * 64 + "` (hard windows scored by artifact `0000000000000000…`" in (
         ship.rebuild_text(stage))

@@ -20,9 +20,9 @@ own premise among unrelated sentences of the same length, so that the evidence, 
 
 Writes ``train.jsonl`` and ``build.json`` (the arguments, the scoring model's artifact hash and the rows' sha256); the
 rows are deterministic for one model (its static INT8 scores do not depend on the batch). With ``--after ROWS_DIR``
-(an ``answer_data`` output), ``train.jsonl`` holds that folder's training rows first, byte for byte, then the hard
-rows, and ``build.json`` carries the folder's own build record: one file for ``train --extra-train`` that the model
-card can rebuild.
+(an ``answer_data`` output, or an earlier round of this tool), ``train.jsonl`` holds that folder's training rows
+first, byte for byte, then the hard rows, and ``build.json`` carries the folder's own build record: one file for
+``train --extra-train`` that the model card can rebuild.
 """
 
 from __future__ import annotations
@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-pair", type=int, default=8, help="windows drawn per SNLI entailment pair (default 8)")
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--after", type=Path, default=None,
-                    help="an answer_data output folder whose train.jsonl rows come first in the written file")
+                    help="an answer_data (or earlier hard_windows) output folder whose train.jsonl rows come first "
+                         "in the written file")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:

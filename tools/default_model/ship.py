@@ -455,27 +455,38 @@ def rows_record(extra: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def rows_steps(extra: dict[str, Any], rows_dir: str, restored: set[str]) -> str:
-    """The rebuild's commands that write a stage's generated rows to ``rows_dir``/train.jsonl: ``answer_data``, or
-    ``answer_data`` then ``hard_windows --after`` (scored by the default model its record names, restored from git
-    unless ``restored``, the paths restored by earlier steps, holds it)."""
+    """The rebuild's commands that write a stage's generated rows to ``rows_dir``/train.jsonl: ``answer_data``, then
+    one ``hard_windows --after`` per round of hard windows (each scored by the default model its record names,
+    restored from git unless ``restored``, the paths restored by earlier steps, holds it)."""
     record = rows_record(extra)
     (_, sha), = extra["files"].items()
     if record is None:
         return f"the rows of sha256 `{sha}` (their build record was not found at ship time)"
+    steps = _rows_chain(record, rows_dir, restored)
+    if isinstance(steps, str):
+        return (f"the rows of sha256 `{sha}` (hard windows scored by artifact `{steps[:16]}…`, which no commit "
+                "shipped)")
+    return ", ".join(steps)
+
+
+def _rows_chain(record: dict[str, Any], rows_dir: str, restored: set[str]) -> list[str] | str:
+    """The commands of :func:`rows_steps` for one build record, its ``after`` records first; the artifact hash of
+    a scoring model that no commit shipped instead (a chain that cannot be rebuilt)."""
     if record.get("tool") != hard_windows.TOOL:
-        return f"`{answer_data.command_for(record['arguments'], rows_dir)}`"
+        return [f"`{answer_data.command_for(record['arguments'], rows_dir)}`"]
     restore, model = restore_step(record.get("model_artifact_hash"))
     if model is None or "after" not in record:
-        return (f"the rows of sha256 `{sha}` (hard windows scored by artifact "
-                f"`{str(record.get('model_artifact_hash'))[:16]}…`, which no commit shipped)")
-    plain = f"{rows_dir}-plain"
-    steps = [f"`{answer_data.command_for(record['after']['arguments'], plain)}`"]
+        return str(record.get("model_artifact_hash"))
+    before = f"{rows_dir}-{'round' if record['after'].get('tool') == hard_windows.TOOL else 'plain'}"
+    steps = _rows_chain(record["after"], before, restored)
+    if isinstance(steps, str):
+        return steps
     if model not in restored:
         restored.add(model)
         steps.append(restore + " to score the windows")
-    steps.append(f"`python -m tools.default_model.hard_windows --model {model} --after {plain} --out {rows_dir} "
+    steps.append(f"`python -m tools.default_model.hard_windows --model {model} --after {before} --out {rows_dir} "
                  + " ".join(record["arguments"]) + "`")
-    return ", ".join(steps)
+    return steps
 
 
 def rebuild_text(t: dict[str, Any]) -> str:
@@ -597,15 +608,21 @@ def extra_data_text(t: dict[str, Any]) -> str:
 
 
 def hard_windows_text(extra: dict[str, Any]) -> str:
-    """The model card's account of hard window rows (``hard_windows --after``) among a stage's generated rows."""
+    """The model card's account of hard window rows (``hard_windows --after``, one or more rounds) among a stage's
+    generated rows."""
+    rounds = []
     record = rows_record(extra) or {}
-    if record.get("tool") != hard_windows.TOOL:
+    while record.get("tool") == hard_windows.TOOL:
+        c = record["counts"]
+        rounds.insert(0, f"{c['hard']:,} of {c['windows']:,} windows that artifact "
+                         f"`{record['model_artifact_hash'][:16]}…` misread")
+        record = record.get("after") or {}
+    if not rounds:
         return ""
-    c = record["counts"]
-    return (f"; the `window` rows are hard negatives (`tools/default_model/hard_windows.py`): {c['hard']:,} of "
-            f"{c['windows']:,} windows of unrelated sentences that the model before this stage (artifact "
-            f"`{record['model_artifact_hash'][:16]}…`) read as entailing an SNLI entailment hypothesis, each as a "
-            "neutral row beside the pair's own premise among unrelated sentences (entailment)")
+    return ("; the `window` rows are hard negatives (`tools/default_model/hard_windows.py`): windows of unrelated "
+            "sentences that an earlier default model read as entailing an SNLI entailment hypothesis ("
+            + ", then ".join(rounds) + "), each as a neutral row beside the pair's own premise among unrelated "
+            "sentences (entailment)")
 
 
 #: Pairs a user tries first (from the issue that asked for a job-shaped model): illustrations, not an evaluation.
