@@ -181,7 +181,7 @@ def test_the_build_record_rebuilds_the_same_rows(tmp_path: Path) -> None:
     assert training["data"]["extra_train"]["build_record"] == record
     assert "build_record" not in training["base_training"]["data"]["extra_train"]
     (tmp_path / "a" / ad.BUILD_RECORD).unlink()
-    assert ship.rows_record(training["data"]["extra_train"]) == record
+    assert ship.stage_rows_record(training["data"]["extra_train"]) == record
     assert ad.command_for(record["arguments"], str(tmp_path / "b")) == command
     long_rows = [r for r in ad.read_jsonl(tmp_path / "a" / "train.jsonl") if r["category"] == "long"]
     assert len(long_rows) == 50

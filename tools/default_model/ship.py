@@ -443,7 +443,7 @@ def teacher_step(stage: dict[str, Any]) -> tuple[str, list[str]]:
     return restore.replace(" (artifact", " (the teacher, artifact", 1) + ", ", ["--teacher-engine", where]
 
 
-def rows_record(extra: dict[str, Any]) -> dict[str, Any] | None:
+def stage_rows_record(extra: dict[str, Any]) -> dict[str, Any] | None:
     """The build record of a stage's generated rows (``extra_train`` of its training log): stored there by
     :func:`record_rows_builds`, else read beside the rows; None when neither has it."""
     if record := extra.get("build_record"):
@@ -458,7 +458,7 @@ def rows_steps(extra: dict[str, Any], rows_dir: str, restored: set[str]) -> str:
     """The rebuild's commands that write a stage's generated rows to ``rows_dir``/train.jsonl: ``answer_data``, then
     one ``hard_windows --after`` per round of hard windows (each scored by the default model its record names,
     restored from git unless ``restored``, the paths restored by earlier steps, holds it)."""
-    record = rows_record(extra)
+    record = stage_rows_record(extra)
     (_, sha), = extra["files"].items()
     if record is None:
         return f"the rows of sha256 `{sha}` (their build record was not found at ship time)"
@@ -610,8 +610,8 @@ def extra_data_text(t: dict[str, Any]) -> str:
 def hard_windows_text(extra: dict[str, Any]) -> str:
     """The model card's account of hard window rows (``hard_windows --after``, one or more rounds) among a stage's
     generated rows."""
-    rounds = []
-    record = rows_record(extra) or {}
+    rounds: list[str] = []
+    record = stage_rows_record(extra) or {}
     while record.get("tool") == hard_windows.TOOL:
         c = record["counts"]
         rounds.insert(0, f"{c['hard']:,} of {c['windows']:,} windows that artifact "
