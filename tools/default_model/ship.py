@@ -454,6 +454,16 @@ def stage_rows_record(extra: dict[str, Any]) -> dict[str, Any] | None:
     return answer_data.rows_record(path, sha)
 
 
+def hard_window_rounds(record: dict[str, Any] | None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """``(the hard-window rounds of a rows' build record, first round first; the build record they follow)``: the
+    record itself and no rounds when it is not a ``hard_windows`` record, None after a round that follows none."""
+    rounds: list[dict[str, Any]] = []
+    while record is not None and record.get("tool") == hard_windows.TOOL:
+        rounds.insert(0, record)
+        record = record.get("after")
+    return rounds, record
+
+
 def rows_steps(extra: dict[str, Any], rows_dir: str, restored: set[str]) -> str:
     """The rebuild's commands that write a stage's generated rows to ``rows_dir``/train.jsonl: ``answer_data``, then
     one ``hard_windows --after`` per round of hard windows (each scored by the default model its record names,
@@ -462,31 +472,27 @@ def rows_steps(extra: dict[str, Any], rows_dir: str, restored: set[str]) -> str:
     (_, sha), = extra["files"].items()
     if record is None:
         return f"the rows of sha256 `{sha}` (their build record was not found at ship time)"
-    steps = _rows_chain(record, rows_dir, restored)
-    if isinstance(steps, str):
-        return (f"the rows of sha256 `{sha}` (hard windows scored by artifact `{steps[:16]}…`, which no commit "
-                "shipped)")
+    rounds, first = hard_window_rounds(record)
+    restores = [restore_step(r.get("model_artifact_hash")) for r in rounds]
+    unshipped = [r for r, (_, model) in zip(rounds, restores) if model is None]
+    if unshipped or (rounds and first is None):
+        blocked = unshipped[-1] if unshipped else rounds[0]  # the latest round no commit shipped, else the first
+        return (f"the rows of sha256 `{sha}` (hard windows scored by artifact "
+                f"`{str(blocked.get('model_artifact_hash'))[:16]}…`, which no commit shipped)")
+    assert first is not None
+    outs = [rows_dir]  # each round's folder, the last one's first: the earlier ones are named after the later
+    while len(outs) < len(rounds):
+        outs.insert(0, f"{outs[0]}-round")
+    after = f"{outs[0]}-plain" if rounds else rows_dir
+    steps = [f"`{answer_data.command_for(first['arguments'], after)}`"]
+    for r, (restore, model), out in zip(rounds, restores, outs):
+        if model not in restored:
+            restored.add(str(model))
+            steps.append(restore + " to score the windows")
+        steps.append(f"`python -m tools.default_model.hard_windows --model {model} --after {after} --out {out} "
+                     + " ".join(r["arguments"]) + "`")
+        after = out
     return ", ".join(steps)
-
-
-def _rows_chain(record: dict[str, Any], rows_dir: str, restored: set[str]) -> list[str] | str:
-    """The commands of :func:`rows_steps` for one build record, its ``after`` records first; the artifact hash of
-    a scoring model that no commit shipped instead (a chain that cannot be rebuilt)."""
-    if record.get("tool") != hard_windows.TOOL:
-        return [f"`{answer_data.command_for(record['arguments'], rows_dir)}`"]
-    restore, model = restore_step(record.get("model_artifact_hash"))
-    if model is None or "after" not in record:
-        return str(record.get("model_artifact_hash"))
-    before = f"{rows_dir}-{'round' if record['after'].get('tool') == hard_windows.TOOL else 'plain'}"
-    steps = _rows_chain(record["after"], before, restored)
-    if isinstance(steps, str):
-        return steps
-    if model not in restored:
-        restored.add(model)
-        steps.append(restore + " to score the windows")
-    steps.append(f"`python -m tools.default_model.hard_windows --model {model} --after {before} --out {rows_dir} "
-                 + " ".join(record["arguments"]) + "`")
-    return steps
 
 
 def rebuild_text(t: dict[str, Any]) -> str:
@@ -610,13 +616,8 @@ def extra_data_text(t: dict[str, Any]) -> str:
 def hard_windows_text(extra: dict[str, Any]) -> str:
     """The model card's account of hard window rows (``hard_windows --after``, one or more rounds) among a stage's
     generated rows."""
-    rounds: list[str] = []
-    record = stage_rows_record(extra) or {}
-    while record.get("tool") == hard_windows.TOOL:
-        c = record["counts"]
-        rounds.insert(0, f"{c['hard']:,} of {c['windows']:,} windows that artifact "
-                         f"`{record['model_artifact_hash'][:16]}…` misread")
-        record = record.get("after") or {}
+    rounds = [f"{r['counts']['hard']:,} of {r['counts']['windows']:,} windows that artifact "
+              f"`{r['model_artifact_hash'][:16]}…` misread" for r in hard_window_rounds(stage_rows_record(extra))[0]]
     if not rounds:
         return ""
     return ("; the `window` rows are hard negatives (`tools/default_model/hard_windows.py`): windows of unrelated "
