@@ -979,8 +979,10 @@ def main(argv: list[str] | None = None) -> int:
             "invocations": invocations_so_far(),
         }
 
-    def invocations_so_far() -> list[dict[str, Any]]:  # this invocation's last step and wall time: the current ones
-        now = {"last_step": step, "wall_s": round(time.perf_counter() - t_start, 1)}
+    def invocations_so_far(elapsed_s: float | None = None) -> list[dict[str, Any]]:
+        """The invocations with this one's last step and wall time (now, or ``elapsed_s`` since it started)."""
+        elapsed = time.perf_counter() - t_start if elapsed_s is None else elapsed_s
+        now = {"last_step": step, "wall_s": round(elapsed, 1)}
         return [*invocations[:-1], {**invocations[-1], **now}]
 
     with logging_redirect_tqdm():
@@ -1139,7 +1141,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": {"per_epoch": steps_per_epoch, "planned": total_steps, "done": step, "warmup": warmup_steps},
         "stop_reason": stop_reason,
         "last_weights_sha256": last_weights_sha256,
-        "invocations": invocations_so_far(),
+        "invocations": invocations_so_far(total_s),  # the same clock as timing_s.total
         "evals": evals_log,
         "best": best,
         "timing_s": {
