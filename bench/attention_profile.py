@@ -1,12 +1,15 @@
 """``python -m bench.attention_profile``: where an INT8 DeBERTa graph spends its time on the CPU, per op type.
 
 Builds a seeded deberta (v1) or deberta-v2 checkpoint at the large width (hidden 1024, 16 heads; ``--layers``
-of them, default 4: the shares per op type do not depend on the depth), exports fp32 + INT8 (the export default,
-dynamic INT8), and runs ONNX Runtime's profiler on the INT8 graph, one thread, on a short batch (64 pairs x 24
-tokens) and a long one (8 x 256). It prints the time share of each op type and of four groups: the INT8 GEMMs,
-the fp32 MatMuls (the attention products: QK^T, attention x V and the relative-position terms), the position
-plumbing (Slice, Transpose, GatherElements, Gather, Expand, Reshape, Concat, ...) and the rest. ``--json`` writes
-the figures.
+of them, default 4: the shares per op type do not depend on the depth) and exports it (fp32 + dynamic INT8) once per
+attention graph of ``--graphs``: ``hf`` (as ``transformers`` writes it), ``window`` (the position window, the v2/v3
+default) and ``shift`` (the relative shift, the v1 default). It runs ONNX Runtime's profiler on each INT8 graph, one
+thread, on a short batch (64 pairs x 24 tokens) and a long one (8 x 256), and prints the time share of each op type
+and of four groups: the INT8 GEMMs, the fp32 MatMuls (the attention products: QK^T, attention x V and the
+relative-position terms), the position plumbing (Slice, Transpose, GatherElements, Gather, Expand, Reshape, Concat,
+...) and the rest. With several graphs of an architecture it then times the engine end to end on each (the directed
+NCP pairs of the bench's short and long workloads, the graphs alternating, best of ``--runs``) and reports the time
+ratio to the first graph and the largest probability difference. ``--json`` writes the figures.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import logging
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -91,9 +95,14 @@ def shares(per_op: dict[str, float]) -> dict[str, Any]:
             "ops": {op: round(us / total, 4) for op, us in per_op.items()}}
 
 
-def build_and_export(arch: str, layers: int, root: Path, relative_shift: bool = True) -> tuple[Path, Path]:
-    """The seeded large-width checkpoint of ``arch`` with ``layers`` layers and its fp32 + INT8 export (cached), with
-    or without DeBERTa v1's relative shift (:mod:`fastnli.exporter.attention`)."""
+GRAPHS = {"hf": (False, False), "window": (False, True), "shift": (True, True)}  # (relative_shift, position_window)
+
+
+def build_and_export(arch: str, layers: int, root: Path, graph: str = "window") -> tuple[Path, Path]:
+    """The seeded large-width checkpoint of ``arch`` with ``layers`` layers and its fp32 + INT8 export (cached):
+    ``graph`` ``"hf"`` as ``transformers`` writes the attention, ``"window"`` with the position window of
+    :mod:`fastnli.exporter.attention` (the default for v2/v3), ``"shift"`` with DeBERTa v1's relative shift (the
+    default for v1 where it applies; elsewhere the window)."""
     from fastnli.engine import read_manifest
     from fastnli.exporter import export
     from fastnli.exporter.checkpoint import build_checkpoint
@@ -101,12 +110,47 @@ def build_and_export(arch: str, layers: int, root: Path, relative_shift: bool = 
     ck = root / f"{arch}-large-{layers}l"
     if not (ck / "config.json").is_file():
         build_checkpoint(ck, arch=arch, size="large", seed=0, num_layers=layers)  # type: ignore[arg-type]
-    art = root / f"{arch}-large-{layers}l-{'shift' if relative_shift else 'gather'}"
+    art = root / f"{arch}-large-{layers}l-{graph}"
     try:
         read_manifest(art)
     except (FileNotFoundError, ValueError):
-        export(ck, art, precisions=("fp32", "int8"), validate=False, relative_shift=relative_shift)
+        shift, window = GRAPHS[graph]
+        export(ck, art, precisions=("fp32", "int8"), validate=False, relative_shift=shift, position_window=window)
     return ck, art
+
+
+def ncp_pairs(workload: Any) -> list[tuple[str, str]]:
+    """The directed (response, sample) and (sample, response) pairs NCP scores on ``workload``."""
+    pairs = []
+    for response, samples in zip(workload.responses, workload.sampled_responses, strict=True):
+        for sample in samples:
+            pairs += [(response, sample), (sample, response)]
+    return pairs
+
+
+def end_to_end(graphs: dict[str, Path], precision: str, runs: int) -> dict[str, Any]:
+    """Seconds of ``NLIEngine.predict`` per graph (the artifact directories of ``graphs``, by label) on the short and
+    long NCP workloads, the graphs alternating within each run; best of ``runs``. The first graph is the reference of
+    the ratios and of the largest probability difference."""
+    from bench.workloads import long_workload, short_workload
+    from fastnli.engine import NLIEngine
+
+    engines = {label: NLIEngine(art, device="cpu", precision=precision) for label, art in graphs.items()}  # type: ignore[arg-type]
+    first = next(iter(engines))
+    out: dict[str, Any] = {}
+    for workload in (short_workload(), long_workload()):
+        pairs = ncp_pairs(workload)
+        best = {label: float("inf") for label in engines}
+        probs: dict[str, np.ndarray] = {}
+        for _ in range(runs):
+            for label, engine in engines.items():
+                t0 = time.perf_counter()
+                probs[label] = engine.predict(pairs)
+                best[label] = min(best[label], time.perf_counter() - t0)
+        out[workload.name] = {label: {"seconds": round(best[label], 3), "ratio": round(best[label] / best[first], 3),
+                                      "max_abs_dprob": float(np.abs(probs[label] - probs[first]).max())}
+                              for label in engines}
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -122,24 +166,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--artifact", default=None, help="profile this artifact's INT8 graph instead (one arch)")
     p.add_argument("--precision", default="int8", choices=["int8", "fp32"], help="the graph to profile")
     p.add_argument("--runs", type=int, default=3, help="profiled runs per shape after one warm-up (default 3)")
-    p.add_argument("--shift", default="both", choices=["both", "on", "off"],
-                   help="DeBERTa v1 graphs with the relative shift, the HF gathers, or both, profiled alternately in "
-                   "one run (default both; v2 graphs are the same either way)")
+    p.add_argument("--graphs", default="hf,window,shift",
+                   help="comma-separated graphs to profile alternately in one run: hf (the attention as transformers "
+                   "writes it), window (the position window: the v2/v3 default), shift (v1's relative shift: the v1 "
+                   "default); default all three (shift: v1 only)")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     console = Console(width=100)
     results: dict[str, Any] = {}
-    variants = {"both": [False, True], "on": [True], "off": [False]}[args.shift]
+    variants = [g.strip() for g in args.graphs.split(",") if g.strip()]
+    unknown = sorted(set(variants) - set(GRAPHS))
+    if unknown:
+        p.error(f"--graphs: unknown {', '.join(unknown)}; choose from {', '.join(GRAPHS)}")
     for arch in [a.strip() for a in args.arch.split(",") if a.strip()]:
         graphs: dict[str, tuple[Path, Any]] = {}
-        for shift in variants if arch == "deberta" and not args.artifact else [True]:
+        for variant in variants if not args.artifact else ["window"]:
+            if variant == "shift" and arch != "deberta":
+                continue
             if args.artifact:
                 art = Path(args.artifact)
             else:
-                _, art = build_and_export(arch, args.layers, cache_root() / "bench" / "attention_profile", shift)
+                _, art = build_and_export(arch, args.layers, cache_root() / "bench" / "attention_profile", variant)
             m = read_manifest(art)
-            label = f"{arch} ({'relative shift' if 'attention' in m.precisions['fp32'].recipe else 'as exported'})"
+            recipe = str(m.precisions["fp32"].recipe.get("attention", "as HF writes it"))
+            label = f"{arch} ({recipe.removesuffix(' (fastnli.exporter.attention)')})"
             graphs[label] = (art / m.precisions[args.precision].file, m)
         vocab = 2000  # the seeded tokenizers' ids stay below this; the shares do not depend on the ids
         for shape, (rows, length) in SHAPES.items():
@@ -155,6 +206,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for op, s in list(figures["ops"].items())[:14]:
                     table.add_row(f"  {op} ({group(op)})", f"{s:.1%}")
                 console.print(table)
+        if len(graphs) > 1:
+            artifacts = {label: graph.parent for label, (graph, _) in graphs.items()}
+            figures = end_to_end(artifacts, args.precision, args.runs)
+            results[f"{arch}/end to end"] = figures
+            table = Table(title=f"{arch} {args.precision}, the engine end to end (NCP pairs, best of {args.runs})")
+            for column in ("workload", "graph", "seconds", "time ratio", "max |Δp|"):
+                table.add_column(column, justify="left" if column in ("workload", "graph") else "right")
+            for workload, rows in figures.items():
+                for label, row in rows.items():
+                    table.add_row(workload, label, f"{row['seconds']:.2f}", f"{row['ratio']:.3f}",
+                                  f"{row['max_abs_dprob']:.1e}")
+            console.print(table)
         if args.artifact:
             break
     if args.json:

@@ -8,8 +8,8 @@ Modules: :mod:`~fastnli.exporter.export` (checkpoint -> artifact + manifest), :m
 built-in validation pairs), :mod:`~fastnli.exporter.precision` (FP16 and the INT8 recipes),
 :mod:`~fastnli.exporter.calibration` (activations and ranges on calibration batches),
 :mod:`~fastnli.exporter.outliers` (outlier branches and channel splits), :mod:`~fastnli.exporter.static_int8`,
-:mod:`~fastnli.exporter.qdq_fusion`, :mod:`~fastnli.exporter.attention` (DeBERTa v1's position terms as a
-relative shift), :mod:`~fastnli.exporter.stages` (the export's stages: logged, timed, opt-in progress bar),
+:mod:`~fastnli.exporter.qdq_fusion`, :mod:`~fastnli.exporter.attention` (DeBERTa's position terms: the
+position window, v1's relative shift), :mod:`~fastnli.exporter.stages` (the export's stages: logged, timed, opt-in progress bar),
 :mod:`~fastnli.exporter.checkpoint` (seeded random checkpoints for tests and benchmarks).
 """
 
