@@ -110,17 +110,25 @@ V2_VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("variant", list(V2_VARIANTS))
-def test_window_gives_hf_outputs_for_every_v2_configuration(ckpt_v2: Path, variant: str) -> None:
+V1_VARIANTS = {
+    "as deberta-large-mnli": {},
+    "span 16 (clamped)": {"max_relative_positions": 16},
+    "c2p only": {"pos_att_type": ["c2p"]},
+}
+
+
+def _window_gives_hf_outputs(ckpt: Path, overrides: dict[str, object]) -> None:
     from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers.models.deberta import modeling_deberta
     from transformers.models.deberta_v2 import modeling_deberta_v2
 
-    config = AutoConfig.from_pretrained(ckpt_v2)
-    for key, value in V2_VARIANTS[variant].items():
+    config = AutoConfig.from_pretrained(ckpt)
+    for key, value in overrides.items():
         setattr(config, key, value)
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_config(config).eval()
-    original = modeling_deberta_v2.DisentangledSelfAttention.disentangled_attention_bias
+    originals = (modeling_deberta.DisentangledSelfAttention.disentangled_att_bias,
+                 modeling_deberta_v2.DisentangledSelfAttention.disentangled_attention_bias)
     for length in (1, 2, 9, 40, 300):
         ids = torch.randint(5, config.vocab_size, (3, length), generator=torch.Generator().manual_seed(length))
         mask = torch.ones_like(ids)
@@ -130,31 +138,19 @@ def test_window_gives_hf_outputs_for_every_v2_configuration(ckpt_v2: Path, varia
             with position_window_export(config.to_dict()) as on:
                 assert on
                 windowed = model(input_ids=ids, attention_mask=mask).logits
-        assert torch.allclose(ref, windowed, atol=1e-5, rtol=0), (variant, length)
-    assert modeling_deberta_v2.DisentangledSelfAttention.disentangled_attention_bias is original
+        assert torch.allclose(ref, windowed, atol=1e-5, rtol=0), length
+    assert (modeling_deberta.DisentangledSelfAttention.disentangled_att_bias,
+            modeling_deberta_v2.DisentangledSelfAttention.disentangled_attention_bias) == originals
 
 
-@pytest.mark.parametrize("variant", ["as deberta-large-mnli", "span 16 (clamped)", "c2p only"])
+@pytest.mark.parametrize("variant", list(V2_VARIANTS))
+def test_window_gives_hf_outputs_for_every_v2_configuration(ckpt_v2: Path, variant: str) -> None:
+    _window_gives_hf_outputs(ckpt_v2, V2_VARIANTS[variant])
+
+
+@pytest.mark.parametrize("variant", list(V1_VARIANTS))
 def test_v1_window_gives_hf_outputs(ckpt_v1: Path, variant: str) -> None:
-    from transformers import AutoConfig, AutoModelForSequenceClassification
-
-    config = AutoConfig.from_pretrained(ckpt_v1)
-    if variant == "span 16 (clamped)":
-        config.max_relative_positions = 16
-    if variant == "c2p only":
-        config.pos_att_type = ["c2p"]
-    torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_config(config).eval()
-    for length in (1, 2, 9, 40, 300):
-        ids = torch.randint(5, config.vocab_size, (3, length), generator=torch.Generator().manual_seed(length))
-        mask = torch.ones_like(ids)
-        mask[1, length // 2 + 1:] = 0
-        with torch.no_grad():
-            ref = model(input_ids=ids, attention_mask=mask).logits
-            with position_window_export(config.to_dict()) as on:
-                assert on
-                windowed = model(input_ids=ids, attention_mask=mask).logits
-        assert torch.allclose(ref, windowed, atol=1e-5, rtol=0), (variant, length)
+    _window_gives_hf_outputs(ckpt_v1, V1_VARIANTS[variant])
 
 
 def _runtime_int8_products(graph: Path, tmp_path: Path) -> int:

@@ -88,6 +88,17 @@ def _disentangled_att_bias(self: Any, query_layer: Any, key_layer: Any, relative
     return score
 
 
+def _four_dims(relative_pos: Any) -> Any:
+    """HF's relative positions as ``(B, 1, Lq, Lk)`` (given ``(Lq, Lk)``, ``(B, Lq, Lk)`` or 4-dimensional)."""
+    if relative_pos.dim() == 2:
+        return relative_pos.unsqueeze(0).unsqueeze(0)
+    if relative_pos.dim() == 3:
+        return relative_pos.unsqueeze(1)
+    if relative_pos.dim() != 4:
+        raise ValueError(f"Relative position ids must be of dim 2 or 3 or 4. {relative_pos.dim()}")
+    return relative_pos
+
+
 def window_applies(config: dict[str, Any]) -> bool:
     """True for a DeBERTa (v1, v2 or v3) config with relative attention and c2p or p2c position terms."""
     if config.get("model_type") not in ("deberta", "deberta-v2") or not config.get("relative_attention"):
@@ -107,12 +118,7 @@ def _windowed_attention_bias(self: Any, query_layer: Any, key_layer: Any, relati
     if relative_pos is None:
         relative_pos = hf.build_relative_position(query_layer, key_layer, bucket_size=self.position_buckets,
                                                   max_position=self.max_relative_positions)
-    if relative_pos.dim() == 2:
-        relative_pos = relative_pos.unsqueeze(0).unsqueeze(0)
-    elif relative_pos.dim() == 3:
-        relative_pos = relative_pos.unsqueeze(1)
-    elif relative_pos.dim() != 4:
-        raise ValueError(f"Relative position ids must be of dim 2 or 3 or 4. {relative_pos.dim()}")
+    relative_pos = _four_dims(relative_pos)
     span = self.pos_ebd_size
     heads = self.num_attention_heads
     relative_pos = relative_pos.to(device=query_layer.device, dtype=torch.long)
@@ -164,12 +170,7 @@ def _v1_windowed_att_bias(self: Any, query_layer: Any, key_layer: Any, relative_
 
     if relative_pos is None:
         relative_pos = hf.build_relative_position(query_layer, key_layer, query_layer.device)
-    if relative_pos.dim() == 2:
-        relative_pos = relative_pos.unsqueeze(0).unsqueeze(0)
-    elif relative_pos.dim() == 3:
-        relative_pos = relative_pos.unsqueeze(1)
-    elif relative_pos.dim() != 4:
-        raise ValueError(f"Relative position ids must be of dim 2 or 3 or 4. {relative_pos.dim()}")
+    relative_pos = _four_dims(relative_pos)
     att_span = hf.compute_attention_span(query_layer, key_layer, self.max_relative_positions)
     relative_pos = relative_pos.long()
     start, stop = self.max_relative_positions - att_span, self.max_relative_positions + att_span
