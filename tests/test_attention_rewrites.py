@@ -12,7 +12,15 @@ import pytest
 
 from fastnli.engine import NLIEngine, read_manifest
 from fastnli.exporter import export
-from fastnli.exporter.attention import _band, applies, position_window_export, relative_shift_export, window_applies
+from fastnli.exporter.attention import (
+    SHIFT_RECIPE,
+    WINDOW_RECIPE,
+    _band,
+    applies,
+    position_window_export,
+    relative_shift_export,
+    window_applies,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -70,11 +78,11 @@ def test_patch_gives_hf_outputs_and_is_undone(ckpt_v1: Path) -> None:
 def test_v1_export_has_no_gathers_by_default_and_keeps_fp32_parity(ckpt_v1: Path, art_v1: Path,
                                                                     tmp_path: Path) -> None:
     m = read_manifest(art_v1)
-    assert m.precisions["fp32"].recipe["attention"] == "relative shift (fastnli.exporter.attention)"
+    assert m.precisions["fp32"].recipe["attention"] == SHIFT_RECIPE
     assert "GatherElements" not in _op_types(art_v1 / "model_fp32.onnx")
     assert m.precisions["fp32"].validation.max_abs_dprob <= 1e-4  # type: ignore[union-attr]
     window = export(ckpt_v1, tmp_path / "window", precisions=("fp32", "int8"), relative_shift=False)
-    assert window.precisions["fp32"].recipe["attention"] == "position window (fastnli.exporter.attention)"
+    assert window.precisions["fp32"].recipe["attention"] == WINDOW_RECIPE
     assert "GatherElements" in _op_types(tmp_path / "window" / "model_fp32.onnx")
     pairs = [("A man plays guitar on a stage in front of a crowd.", "A man makes music."), ("Paris", "Lyon"),
              ("x " * 200, "y")]
@@ -182,7 +190,7 @@ def test_v1_default_leaves_no_position_projection_to_run(ckpt_v1: Path, art_v1: 
 
 def test_v2_export_has_the_window_by_default(ckpt_v2: Path, art_v2: Path, tmp_path: Path) -> None:
     m = read_manifest(art_v2)
-    assert m.precisions["fp32"].recipe["attention"] == "position window (fastnli.exporter.attention)"
+    assert m.precisions["fp32"].recipe["attention"] == WINDOW_RECIPE
     assert m.precisions["fp32"].validation.max_abs_dprob <= 1e-4  # type: ignore[union-attr]
     assert "Tile" not in _op_types(art_v2 / "model_fp32.onnx")
     export(ckpt_v2, tmp_path / "hf", precisions=("fp32", "int8"), validate=False, position_window=False)

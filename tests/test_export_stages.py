@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from fastnli.engine import NLIEngine, read_manifest, resolve_artifact
+from fastnli.engine.engine import cached_artifact_dir
 from fastnli.engine.manifest import DEVICE_PRECISIONS, precisions_for
 from fastnli.exporter import export
+from fastnli.exporter.attention import SHIFT_RECIPE
 from fastnli.exporter.export import export_precisions, planned_stages
 from fastnli.exporter.stages import Stages
 
@@ -142,6 +144,26 @@ def test_the_cache_exports_what_the_device_needs_and_adds_what_is_missing(
 
     monkeypatch.setattr(export_module, "export", no_export)
     assert resolve_artifact(ckpt_v1, cache, device="cpu", precision="fp16") == target
+
+
+def test_the_cache_exports_again_a_graph_with_older_attention(ckpt_v1: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    cache = tmp_path / "cache"
+    target = cached_artifact_dir(ckpt_v1, cache)  # as an earlier fastnli left it: HF's attention graph
+    export(ckpt_v1, target, precisions=("fp32",), validate=False, relative_shift=False, position_window=False)
+    assert "attention" not in read_manifest(target).precisions["fp32"].recipe
+    assert resolve_artifact(ckpt_v1, cache, device="cpu", precision="fp32") == target
+    assert read_manifest(target).precisions["fp32"].recipe["attention"] == SHIFT_RECIPE
+    assert set(read_manifest(target).precisions) == {"fp32"}  # the precisions it had
+    assert any("has an older attention graph (as transformers writes it; this version writes relative shift "
+               "(fastnli.exporter.attention)): exporting again" in r.getMessage() for r in caplog.records)
+
+    def no_export(*_a: object, **_k: object) -> None:
+        raise AssertionError("exported again although the cached graph is current")
+
+    monkeypatch.setattr(export_module, "export", no_export)
+    assert resolve_artifact(ckpt_v1, cache, device="cpu", precision="fp32") == target
 
 
 def test_cli_export_for_a_gpu_writes_its_graphs_and_prints_the_stages(ckpt_v1: Path, tmp_path: Path,

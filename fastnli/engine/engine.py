@@ -7,6 +7,7 @@ scatter back to input order. Probabilities are always ``(contradiction, neutral,
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import threading
@@ -141,9 +142,10 @@ def resolve_artifact(name_or_dir: str | Path, cache_dir: str | Path | None = Non
     with the graphs an engine on ``device`` running ``precision`` needs
     (:func:`~fastnli.engine.manifest.precisions_for`: CPU fp32 + int8, CUDA fp32 + fp16; ``device="auto"`` is this
     machine's, :func:`~fastnli.engine.session.auto_device`). A cached artifact that lacks one of them is exported
-    again with its own precisions and the missing ones; one whose manifest or graph fails verification
-    (:func:`~fastnli.engine.manifest.verify_graph`) is removed and exported again. ``progress`` shows the export's stages as a rich progress bar
-    on stderr (default False: the stages are logged at INFO).
+    again with its own precisions and the missing ones, and so is one whose DeBERTa attention graph is older than
+    what this version writes (:func:`~fastnli.exporter.attention.attention_recipe`); one whose manifest or graph
+    fails verification (:func:`~fastnli.engine.manifest.verify_graph`) is removed and exported again. ``progress``
+    shows the export's stages as a rich progress bar on stderr (default False: the stages are logged at INFO).
 
     Raises:
         FileNotFoundError: when ``name_or_dir`` reads as a local path (``./dir``, ``/abs/dir``, ``~/dir``) that does
@@ -175,10 +177,19 @@ def resolve_artifact(name_or_dir: str | Path, cache_dir: str | Path | None = Non
         return target
     cached = tuple(manifest.precisions)
     missing = [p for p in needed if p not in cached]
+    from fastnli.exporter.attention import attention_recipe
+
+    attention = attention_recipe(json.loads((ckpt / "config.json").read_text()))
     if missing:
         logger.info("the cached export %s of %s lacks %s: exporting again with it", target, name_or_dir,
                     "+".join(missing))
         export(ckpt, target, precisions=(*cached, *missing), progress=progress)
+    elif manifest.precisions["fp32"].recipe.get("attention") != attention:
+        logger.info("the cached export %s of %s has an older attention graph (%s; this version writes %s): "
+                    "exporting again", target, name_or_dir,
+                    manifest.precisions["fp32"].recipe.get("attention", "as transformers writes it"),
+                    attention or "the graph as transformers writes it")
+        export(ckpt, target, precisions=cached, progress=progress)
     else:
         logger.info("using cached export %s of %s", target, name_or_dir)
     return target

@@ -39,6 +39,9 @@ from typing import Any
 
 logger = logging.getLogger("fastnli")
 
+SHIFT_RECIPE = "relative shift (fastnli.exporter.attention)"
+WINDOW_RECIPE = "position window (fastnli.exporter.attention)"
+
 
 def applies(config: dict[str, Any]) -> bool:
     """True for a DeBERTa v1 config whose relative positions never clamp: relative attention with c2p/p2c terms
@@ -86,6 +89,16 @@ def _disentangled_att_bias(self: Any, query_layer: Any, key_layer: Any, relative
         att = torch.matmul(key_layer, pos_query.transpose(-1, -2).to(dtype=key_layer.dtype))
         score = score + _band(att, length, length).transpose(-1, -2)
     return score
+
+
+def attention_recipe(config: dict[str, Any], relative_shift: bool = True, position_window: bool = True) -> str | None:
+    """The fp32 recipe's ``attention`` entry an export of a checkpoint with ``config`` writes with these options
+    (:func:`fastnli.exporter.export`'s defaults by default); None where the graph is HF's."""
+    if relative_shift and applies(config):
+        return SHIFT_RECIPE
+    if position_window and window_applies(config):
+        return WINDOW_RECIPE
+    return None
 
 
 def _four_dims(relative_pos: Any) -> Any:

@@ -40,7 +40,7 @@ from fastnli.engine.manifest import (
 )
 from fastnli.engine.session import auto_device
 from fastnli.engine.tokenize import PairTokenizer
-from fastnli.exporter.attention import position_window_export, relative_shift_export
+from fastnli.exporter.attention import attention_recipe, position_window_export, relative_shift_export
 from fastnli.exporter.precision import needs_calibration, to_fp16, to_int8
 from fastnli.exporter.probe import probe_pairs
 from fastnli.exporter.stages import Stages
@@ -325,10 +325,10 @@ def export(
                 del fp32_model
             recipes: dict[str, dict[str, Any]] = {"fp32": {"exporter": "optimum-onnx main_export",
                                                            "task": "text-classification"}}
-            if shifted:
-                recipes["fp32"]["attention"] = "relative shift (fastnli.exporter.attention)"
-            if windowed:
-                recipes["fp32"]["attention"] = "position window (fastnli.exporter.attention)"
+            attention = attention_recipe(config, relative_shift, position_window)
+            assert bool(attention) == (shifted or windowed)
+            if attention:
+                recipes["fp32"]["attention"] = attention
             if "fp16" in wanted:
                 with stages.stage("fp16 graph"):
                     recipes["fp16"] = to_fp16(tmp / GRAPH_FILES["fp32"], tmp / GRAPH_FILES["fp16"])
