@@ -135,7 +135,8 @@ def end_to_end(graphs: dict[str, Path], precision: str, runs: int) -> dict[str, 
     from bench.workloads import long_workload, short_workload
     from fastnli.engine import NLIEngine
 
-    engines = {label: NLIEngine(art, device="cpu", precision=precision) for label, art in graphs.items()}  # type: ignore[arg-type]
+    engines = {label: NLIEngine(art, device="cpu", precision=precision)  # type: ignore[arg-type]
+               for label, art in graphs.items()}
     first = next(iter(engines))
     out: dict[str, Any] = {}
     for workload in (short_workload(), long_workload()):

@@ -9,8 +9,8 @@ built-in validation pairs), :mod:`~fastnli.exporter.precision` (FP16 and the INT
 :mod:`~fastnli.exporter.calibration` (activations and ranges on calibration batches),
 :mod:`~fastnli.exporter.outliers` (outlier branches and channel splits), :mod:`~fastnli.exporter.static_int8`,
 :mod:`~fastnli.exporter.qdq_fusion`, :mod:`~fastnli.exporter.attention` (DeBERTa's position terms: the
-position window, v1's relative shift), :mod:`~fastnli.exporter.stages` (the export's stages: logged, timed, opt-in progress bar),
-:mod:`~fastnli.exporter.checkpoint` (seeded random checkpoints for tests and benchmarks).
+position window, v1's relative shift), :mod:`~fastnli.exporter.stages` (the export's stages: logged, timed, opt-in
+progress bar), :mod:`~fastnli.exporter.checkpoint` (seeded random checkpoints for tests and benchmarks).
 """
 
 from fastnli.exporter.export import export

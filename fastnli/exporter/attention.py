@@ -6,13 +6,14 @@ unpatched):
 - The **position window** (:func:`position_window_export`, on by default where the shift does not apply: v2/v3, and
   v1 with a clamped span). HF projects the relative-position embeddings inside every layer after slicing them to the
   input's span, so the projections run at every call (v1: two products of ``2L`` rows per layer, a third of the
-  content GEMMs' work on a batch of one 512-token pair). The patch projects the whole table, which depends on the weights only (ORT folds it into constants), and
-  slices the projected rows. On v2/v3 HF also multiplies every layer's queries and keys with all ``2k`` rows
-  (``k = position_buckets``, 256 in the v3 checkpoints) whatever the input's length, repeats them once per batch row
-  (``Tile``) and then gathers the ``L`` columns each row needs. A sequence of ``L`` tokens only reaches the buckets
-  ``k ± r``, ``r`` the largest |bucket| of its relative positions (``r = L - 1`` below ``k / 2`` tokens), so the patch
-  takes those ``2r + 1`` projected rows, multiplies them with every batch row by broadcasting (no ``Tile``) and shifts
-  the gather index by the window's start: on 24-token inputs, 47 of 512 rows.
+  content GEMMs' work on a batch of one 512-token pair). The patch projects the whole table, which depends on the
+  weights only (ORT folds it into constants), and slices the projected rows. On v2/v3 HF also multiplies every
+  layer's queries and keys with all ``2k`` rows (``k = position_buckets``, 256 in the v3 checkpoints) whatever the
+  input's length, repeats them once per batch row (``Tile``) and then gathers the ``L`` columns each row needs. A
+  sequence of ``L`` tokens only reaches the buckets ``k ± r``, ``r`` the largest |bucket| of its relative positions
+  (``r = L - 1`` below ``k / 2`` tokens), so the patch takes those ``2r + 1`` projected rows, multiplies them with
+  every batch row by broadcasting (no ``Tile``) and shifts the gather index by the window's start: on 24-token
+  inputs, 47 of 512 rows.
 - The **relative shift** (:func:`relative_shift_export`, on by default, v1 where positions never clamp, as
   deberta-large-mnli), below; it projects the whole table too.
 
