@@ -53,9 +53,14 @@ def applies(config: dict[str, Any]) -> bool:
     span = int(config.get("max_relative_positions", -1) or -1)
     longest = int(config.get("max_position_embeddings", 512))
     span = longest if span < 1 else span
+    return span >= longest and _has_position_terms(config)
+
+
+def _has_position_terms(config: dict[str, Any]) -> bool:
+    """True when the config's ``pos_att_type`` (a list, or ``"c2p|p2c"`` in older configs) has c2p or p2c."""
     kinds = config.get("pos_att_type") or []
     kinds = kinds.split("|") if isinstance(kinds, str) else kinds
-    return span >= longest and bool({"c2p", "p2c"} & set(kinds))
+    return bool({"c2p", "p2c"} & set(kinds))
 
 
 def _band(att: Any, length: Any, offset: Any) -> Any:
@@ -117,9 +122,7 @@ def window_applies(config: dict[str, Any]) -> bool:
     """True for a DeBERTa (v1, v2 or v3) config with relative attention and c2p or p2c position terms."""
     if config.get("model_type") not in ("deberta", "deberta-v2") or not config.get("relative_attention"):
         return False
-    kinds = config.get("pos_att_type") or []
-    kinds = kinds.split("|") if isinstance(kinds, str) else kinds
-    return bool({"c2p", "p2c"} & set(kinds))
+    return _has_position_terms(config)
 
 
 def _windowed_attention_bias(self: Any, query_layer: Any, key_layer: Any, relative_pos: Any, rel_embeddings: Any,

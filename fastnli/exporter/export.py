@@ -40,7 +40,13 @@ from fastnli.engine.manifest import (
 )
 from fastnli.engine.session import auto_device
 from fastnli.engine.tokenize import PairTokenizer
-from fastnli.exporter.attention import attention_recipe, position_window_export, relative_shift_export
+from fastnli.exporter.attention import (
+    SHIFT_RECIPE,
+    WINDOW_RECIPE,
+    attention_recipe,
+    position_window_export,
+    relative_shift_export,
+)
 from fastnli.exporter.precision import needs_calibration, to_fp16, to_int8
 from fastnli.exporter.probe import probe_pairs
 from fastnli.exporter.stages import Stages
@@ -302,8 +308,9 @@ def export(
                 src_hash = checkpoint_hash(ckpt)
             with stages.stage("fp32 graph (optimum)"):
                 export_dir = tmp / "_optimum"
-                with relative_shift_export(config if relative_shift else {}) as shifted, \
-                        position_window_export(config if position_window and not shifted else {}) as windowed:
+                attention = attention_recipe(config, relative_shift, position_window)  # which patch applies, if any
+                with relative_shift_export(config if attention == SHIFT_RECIPE else {}), \
+                        position_window_export(config if attention == WINDOW_RECIPE else {}):
                     main_export(str(ckpt), output=export_dir, task="text-classification", opset=opset,
                                 device="cpu", do_validation=False, no_post_process=True)
                 os.replace(export_dir / "model.onnx", tmp / GRAPH_FILES["fp32"])
@@ -325,8 +332,6 @@ def export(
                 del fp32_model
             recipes: dict[str, dict[str, Any]] = {"fp32": {"exporter": "optimum-onnx main_export",
                                                            "task": "text-classification"}}
-            attention = attention_recipe(config, relative_shift, position_window)
-            assert bool(attention) == (shifted or windowed)
             if attention:
                 recipes["fp32"]["attention"] = attention
             if "fp16" in wanted:
