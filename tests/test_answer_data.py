@@ -236,6 +236,49 @@ def test_hard_windows_keep_what_the_model_misreads_beside_the_evidence() -> None
     assert hard_rows(rows, pools, score, seed=4, per_pair=2)[0] != got
 
 
+def test_hard_evidence_keeps_pairs_right_alone_and_wrong_in_a_document() -> None:
+    """``--kind evidence``: a licensed entailment/contradiction pair the model labels right alone and wrong inside its
+    long document becomes a row with the pair's label (the document holds the premise), then the same length of
+    unrelated text without it (neutral); a pair wrong alone, or right in its document, adds nothing."""
+    from tools.default_model.hard_windows import EVIDENCE_MAX_WORDS, hard_evidence_rows
+
+    labels = ("contradiction", "neutral", "entailment")
+    rows = [{"source": "snli/train", "label": ("entailment", "contradiction")[i % 2],
+             "premise": f"A man number {i} plays a guitar.", "hypothesis": f"Someone {i} plays music."}
+            for i in range(20)]
+    rows += [{"source": "snli/train", "label": "neutral", "premise": "A dog.", "hypothesis": "A cat."},
+             {"source": "lingnli/train", "label": "entailment", "premise": "A dog.", "hypothesis": "An animal."}]
+    pools = {"train": [f"The committee met on day {i} of the session." for i in range(30)], "eval": []}
+    seen: list[tuple[str, str]] = []
+
+    def predict(pairs: Any) -> np.ndarray:
+        """Gold alone except pair 3 (wrong alone); neutral in a document over 150 words."""
+        seen.extend(pairs)
+        out = []
+        for p, h in pairs:
+            i = int(h.split()[1])
+            gold = labels.index(rows[i]["label"])
+            wrong = (i == 3 and len(p.split()) < 10) or len(p.split()) > 150
+            out.append(np.eye(3)[1 if wrong else gold])
+        return np.array(out)
+
+    got, counts = hard_evidence_rows(rows, pools, predict, seed=5, pairs=50, labels=labels)
+    assert counts["pairs"] == 20 and counts["right_alone"] == 19 and len(seen) == 40
+    docs = {h: p for p, h in seen[20:]}
+    lost = sorted(h for h, p in docs.items() if len(p.split()) > 150 and not h.startswith("Someone 3 "))
+    assert counts["hard"] == len(lost) == len(got) // 2 > 0
+    assert sorted(r["hypothesis"] for r in got[::2]) == lost
+    for kept, removed in zip(got[::2], got[1::2]):
+        pair = next(r for r in rows if r["hypothesis"] == kept["hypothesis"])
+        assert (kept["source"], kept["label"], removed["source"], removed["label"]) == (
+            "long/hard", pair["label"], "long/removed", "neutral")
+        assert kept["premise"] == docs[kept["hypothesis"]] and pair["premise"] in kept["premise"]
+        assert removed["hypothesis"] == kept["hypothesis"] and pair["premise"] not in removed["premise"]
+        assert 150 - 12 < len(removed["premise"].split()) <= EVIDENCE_MAX_WORDS + 12
+    assert hard_evidence_rows(rows, pools, predict, seed=5, pairs=50, labels=labels)[0] == got
+    assert hard_evidence_rows(rows, pools, predict, seed=5, pairs=4, labels=labels)[1]["pairs"] == 4
+
+
 def test_hard_window_rows_follow_an_answer_data_folder_byte_for_byte(tmp_path: Path) -> None:
     """``--after``: the written file is the folder's rows, unchanged, then the hard rows, and its build record carries
     the folder's record; a folder whose rows differ from its record is refused by name."""

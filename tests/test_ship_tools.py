@@ -235,6 +235,19 @@ def test_rebuild_of_hard_window_rows_restores_the_model_that_scored_them() -> No
             "--per-pair 12 --seed 18`, then `python -m tools.default_model.train") in text
     assert (f"(7 of 800 windows that artifact `{shipped[:16]}…` misread, then 5 of 600 windows that artifact "
             f"`{shipped[:16]}…` misread)") in ship.hard_windows_text(stage["data"]["extra_train"])
+    # a round of lost evidence after them: its own arguments, and the card says what it kept
+    third = {"tool": hard_windows.TOOL, "kind": "evidence", "arguments": ["--kind", "evidence", "--pairs", "900",
+                                                                        "--seed", "19"],
+             "model_artifact_hash": shipped, "after": second, "counts": {"hard": 40, "right_alone": 700}}
+    stage["data"]["extra_train"]["build_record"] = third
+    text = ship.rebuild_text(stage)
+    assert ("`python -m tools.default_model.hard_windows --model " f"{where} --after /tmp/answers-1-round --out "
+            "/tmp/answers-1 --kind evidence --pairs 900 --seed 19`, then `python -m tools.default_model.train") in text
+    account = ship.hard_windows_text(stage["data"]["extra_train"])
+    assert f"then 5 of 600 windows that artifact `{shipped[:16]}…` misread)" in account
+    assert (f"(40 of the 700 pairs that artifact `{shipped[:16]}…` labelled right alone), each with its label beside "
+            "the same length of unrelated sentences without the premise (neutral)") in account
+    stage["data"]["extra_train"]["build_record"] = second
     record["model_artifact_hash"] = "0" * 64  # a round no commit shipped: the chain cannot be rebuilt
     assert "the rows of sha256 `" + "e" * 64 + "` (hard windows scored by artifact `0000000000000000…`" in (
         ship.rebuild_text(stage))

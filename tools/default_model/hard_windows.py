@@ -23,6 +23,13 @@ rows are deterministic for one model (its static INT8 scores do not depend on th
 (an ``answer_data`` output, or an earlier round of this tool), ``train.jsonl`` holds that folder's training rows
 first, byte for byte, then the hard rows, and ``build.json`` carries the folder's own build record: one file for
 ``train --extra-train`` that the model card can rebuild.
+
+``--kind evidence`` mines the opposite error, evidence lost in a long premise: the first ``--pairs`` licensed
+entailment and contradiction pairs (in an order shuffled by ``--seed``) each get one document of unrelated
+training-pool sentences (40-330 words, up to the 512-token window) with the pair's premise at a random depth. A pair
+the model labels right alone but wrong inside its document becomes a ``long/hard`` row (the pair's label) beside a
+``long/removed`` row, unrelated sentences of the same length without the premise (neutral), so that the evidence,
+not the length, decides.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import numpy as np
 
 from tools.default_model.answer_data import (
     BUILD_RECORD,
+    SENTENCE_SOURCES,
     clean,
     filler_pools,
     licensed_rows,
@@ -55,8 +63,12 @@ logger = logging.getLogger("fastnli.tools")
 MIN_WORDS, MAX_WORDS = 10, 130
 #: a window the model reads above this P(entailment) is a hard negative
 HARD_ABOVE = 0.5
+#: the document lengths in words of ``--kind evidence`` (330 words of filler and a pair fill the 512-token window)
+EVIDENCE_MIN_WORDS, EVIDENCE_MAX_WORDS = 40, 330
 #: the ``tool`` of this tool's build records
 TOOL = "tools.default_model.hard_windows"
+#: the row kinds this tool mines (``--kind``)
+KINDS = ("windows", "evidence")
 
 Scorer = Callable[[Sequence[tuple[str, str]]], np.ndarray]
 
@@ -82,6 +94,39 @@ def hard_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], score: Sc
     counts = {"pairs": len(cands), "windows": len(drawn), "hard": len(out) // 2,
               "hard_share": round(float(np.mean(p > HARD_ABOVE)), 4) if len(p) else 0.0}
     return out, counts
+
+
+def hard_evidence_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], predict: Scorer, seed: int,
+                       pairs: int, labels: Sequence[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(the ``long/hard`` + ``long/removed`` rows, counts) for the first ``pairs`` licensed entailment and
+    contradiction pairs of ``rows`` in an order shuffled by ``seed``; ``predict`` gives the probabilities of
+    (premise, hypothesis) pairs, columns in the order of ``labels``."""
+    rng = random.Random(seed)
+    cands = [r for r in rows if r["source"].startswith(SENTENCE_SOURCES) and len(r["premise"]) < 400
+             and r["label"] in ("entailment", "contradiction")]
+    picked = rng.sample(cands, min(pairs, len(cands)))
+    docs = [long_document(clean(r["premise"]), r["hypothesis"], pools["train"],
+                          rng.randint(EVIDENCE_MIN_WORDS, EVIDENCE_MAX_WORDS), rng) for r in picked]
+    gold = np.array([labels.index(r["label"]) for r in picked], dtype=np.int64)
+    alone = np.asarray(predict([(r["premise"], r["hypothesis"]) for r in picked])).argmax(axis=1) == gold
+    inside = np.asarray(predict([(d, r["hypothesis"]) for d, r in zip(docs, picked)])).argmax(axis=1) == gold
+    out: list[dict[str, Any]] = []
+    for r, doc, right_alone, right_inside in zip(picked, docs, alone, inside):
+        if not right_alone or right_inside:
+            continue
+        filler_words = len(doc.split()) - len(clean(r["premise"]).split())
+        removed = long_document(None, r["hypothesis"], pools["train"], filler_words, rng)
+        out += [long_row(doc, r["hypothesis"], r["label"], "hard"), long_row(removed, r["hypothesis"], "neutral",
+                                                                           "removed")]
+    counts = {"pairs": len(picked), "right_alone": int(alone.sum()), "hard": len(out) // 2,
+              "hard_share": round(len(out) / 2 / max(int(alone.sum()), 1), 4)}
+    return out, counts
+
+
+def long_row(premise: str, hypothesis: str, label: str, kind: str) -> dict[str, Any]:
+    """One training row of category ``long`` (source ``long/<kind>``)."""
+    return {"premise": premise, "hypothesis": hypothesis, "label": label, "source": "long/" + kind,
+            "category": "long", "part": "train", "question": "", "pair_id": ""}
 
 
 def preceding_rows(folder: Path) -> tuple[bytes, dict[str, Any]]:
@@ -120,7 +165,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="the fastnli artifact that scores the windows (default: the embedded model)")
     ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[3] / "shared" / "nli-data")
     ap.add_argument("--out", type=Path, required=True, help="directory for train.jsonl and build.json")
-    ap.add_argument("--per-pair", type=int, default=8, help="windows drawn per SNLI entailment pair (default 8)")
+    ap.add_argument("--kind", choices=KINDS, default="windows",
+                    help="windows: unrelated windows read as entailing a hypothesis (default); evidence: long "
+                         "premises whose evidence the model loses")
+    ap.add_argument("--per-pair", type=int, default=8,
+                    help="--kind windows: windows drawn per SNLI entailment pair (default 8)")
+    ap.add_argument("--pairs", type=int, default=20000,
+                    help="--kind evidence: licensed pairs placed in a long document (default 20000)")
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--after", type=Path, default=None,
                     help="an answer_data (or earlier hard_windows) output folder whose train.jsonl rows come first "
@@ -133,9 +184,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     engine = NLIEngine(args.model, device="cpu")
     licensed, _ = licensed_rows(args.data)
-    rows, counts = hard_rows(licensed, filler_pools(licensed), lambda pairs: engine.predict(list(pairs))[:, -1],
-                             args.seed, args.per_pair)
-    record = {"tool": TOOL, "arguments": ["--per-pair", str(args.per_pair), "--seed", str(args.seed)],
+    pools = filler_pools(licensed)
+    if args.kind == "windows":
+        entailment = engine.labels.index("entailment")
+        rows, counts = hard_rows(licensed, pools, lambda pairs: engine.predict(list(pairs))[:, entailment],
+                                 args.seed, args.per_pair)
+        arguments = ["--per-pair", str(args.per_pair), "--seed", str(args.seed)]
+    else:
+        rows, counts = hard_evidence_rows(licensed, pools, lambda pairs: engine.predict(list(pairs)), args.seed,
+                                          args.pairs, engine.labels)
+        arguments = ["--kind", "evidence", "--pairs", str(args.pairs), "--seed", str(args.seed)]
+    record = {"tool": TOOL, "kind": args.kind, "arguments": arguments,
               "model_artifact_hash": engine.manifest.artifact_hash, "precision": engine.precision, "counts": counts}
     logger.info("%s: %s", write_rows(args.out, rows, record, after), counts)
     return 0

@@ -488,7 +488,8 @@ def rows_steps(extra: dict[str, Any], rows_dir: str, restored: set[str]) -> str:
     for r, (restore, model), out in zip(rounds, restores, outs):
         if model not in restored:
             restored.add(str(model))
-            steps.append(restore + " to score the windows")
+            steps.append(restore + (" to score the documents" if r.get("kind") == "evidence" else
+                                    " to score the windows"))
         steps.append(f"`python -m tools.default_model.hard_windows --model {model} --after {after} --out {out} "
                      + " ".join(r["arguments"]) + "`")
         after = out
@@ -614,16 +615,25 @@ def extra_data_text(t: dict[str, Any]) -> str:
 
 
 def hard_windows_text(extra: dict[str, Any]) -> str:
-    """The model card's account of hard window rows (``hard_windows --after``, one or more rounds) among a stage's
-    generated rows."""
-    rounds = [f"{r['counts']['hard']:,} of {r['counts']['windows']:,} windows that artifact "
-              f"`{r['model_artifact_hash'][:16]}…` misread" for r in hard_window_rounds(stage_rows_record(extra))[0]]
-    if not rounds:
-        return ""
-    return ("; the `window` rows are hard negatives (`tools/default_model/hard_windows.py`): windows of unrelated "
-            "sentences that an earlier default model read as entailing an SNLI entailment hypothesis ("
-            + ", then ".join(rounds) + "), each as a neutral row beside the pair's own premise among unrelated "
-            "sentences (entailment)")
+    """The model card's account of hard rows (``hard_windows --after``, one or more rounds of either kind) among a
+    stage's generated rows."""
+    rounds = hard_window_rounds(stage_rows_record(extra))[0]
+    windows = [f"{r['counts']['hard']:,} of {r['counts']['windows']:,} windows that artifact "
+               f"`{r['model_artifact_hash'][:16]}…` misread" for r in rounds if r.get("kind", "windows") == "windows"]
+    evidence = [f"{r['counts']['hard']:,} of the {r['counts']['right_alone']:,} pairs that artifact "
+                f"`{r['model_artifact_hash'][:16]}…` labelled right alone" for r in rounds if r.get("kind") == "evidence"]
+    text = ""
+    if windows:
+        text += ("; the `window` rows are hard negatives (`tools/default_model/hard_windows.py`): windows of unrelated "
+                 "sentences that an earlier default model read as entailing an SNLI entailment hypothesis ("
+                 + ", then ".join(windows) + "), each as a neutral row beside the pair's own premise among unrelated "
+                 "sentences (entailment)")
+    if evidence:
+        text += ("; the `long/hard` rows are evidence an earlier default model lost (`hard_windows --kind evidence`): "
+                 "licensed entailment and contradiction pairs it labelled wrong with their premise among 40-330 "
+                 "words of unrelated sentences (" + ", then ".join(evidence) + "), each with its label beside the "
+                 "same length of unrelated sentences without the premise (neutral)")
+    return text
 
 
 #: Pairs a user tries first (from the issue that asked for a job-shaped model): illustrations, not an evaluation.
