@@ -129,6 +129,21 @@ def test_evaluate_reads_each_category_by_its_rule() -> None:
     assert res["groups"]["bare"]["agreement_auroc"] == 1.0
 
 
+def test_evaluate_reports_each_gold_label_kept_in_long_premises() -> None:
+    """Long premises: accuracy, each gold label's share predicted so, and false entailment without the evidence."""
+    def row(label: str, category: str) -> dict:
+        return {"premise": "a b c", "hypothesis": "d", "label": label, "category": category, "pair_id": ""}
+
+    rows = [row("entailment", "long_kept@120"), row("entailment", "long_kept@120"),
+            row("contradiction", "long_kept@120"), row("neutral", "long_kept@120"), row("neutral", "long_kept@120"),
+            row("neutral", "long_removed@120"), row("neutral", "long_removed@120")]
+    e, n, c = [0.0, 0.1, 0.9], [0.1, 0.8, 0.1], [0.8, 0.1, 0.1]
+    probs = np.array([e, n, c, e, n, e, n])
+    long = evaluate(rows, probs)["long"]["120"]
+    assert (long["accuracy"], long["entailment_kept"], long["contradiction_kept"], long["neutral_kept"],
+            long["false_entailment"]) == (0.6, 0.5, 1.0, 0.5, 0.5)
+
+
 YEAR_IN = re.compile(r"\b(\d{4})\b")
 
 
@@ -236,6 +251,9 @@ def test_hard_windows_keep_what_the_model_misreads_beside_the_evidence() -> None
     assert hard_rows(rows, pools, score, seed=4, per_pair=2)[0] != got
 
 
+AWAITED = "The sibling waits at the door."
+
+
 def test_hard_evidence_keeps_pairs_right_alone_and_wrong_in_a_document() -> None:
     """``--kind evidence``: a licensed entailment/contradiction pair the model labels right alone and wrong inside its
     long document becomes a row with the pair's label (the document holds the premise), then the same length of
@@ -248,33 +266,57 @@ def test_hard_evidence_keeps_pairs_right_alone_and_wrong_in_a_document() -> None
             for i in range(20)]
     rows += [{"source": "snli/train", "label": "neutral", "premise": "A dog.", "hypothesis": "A cat."},
              {"source": "lingnli/train", "label": "entailment", "premise": "A dog.", "hypothesis": "An animal."}]
-    pools = {"train": [f"The committee met on day {i} of the session." for i in range(30)], "eval": []}
+    # other hypotheses of some premises: a neutral one of every third (and a second, not taken), a contradiction of
+    # pair 4 (an entailment pair), another entailment of pair 4 (its own label: not a sibling), one of another source
+    rows += [{"source": "snli/train", "label": "neutral", "premise": f"A man number {i} plays a guitar.",
+              "hypothesis": f"Sibling {i} {k} waits."} for i in range(0, 20, 3) for k in range(2)]
+    rows += [{"source": "snli/train", "label": label, "premise": "A man number 4 plays a guitar.",
+              "hypothesis": f"Sibling 4 {label} waits."} for label in ("contradiction", "entailment")]
+    rows += [{"source": "wanli/train", "label": "neutral", "premise": "A man number 6 plays a guitar.",
+              "hypothesis": "Sibling 6 wanli waits."}]
+    # filler that bears on the siblings ("sibling", "waits"): never in a document that has siblings
+    pools = {"train": [f"The committee met on day {i} of the session." for i in range(30)] + [AWAITED] * 30,
+             "eval": []}
     seen: list[tuple[str, str]] = []
+
+    gold_of = {r["hypothesis"]: labels.index(r["label"]) for r in rows}
 
     def predict(pairs: Any) -> np.ndarray:
         """Gold alone except pair 3 (wrong alone); neutral in a document over 150 words."""
         seen.extend(pairs)
         out = []
         for p, h in pairs:
-            i = int(h.split()[1])
-            gold = labels.index(rows[i]["label"])
-            wrong = (i == 3 and len(p.split()) < 10) or len(p.split()) > 150
+            gold = gold_of[h]
+            wrong = (h.startswith("Someone 3 ") and len(p.split()) < 10) or len(p.split()) > 150
             out.append(np.eye(3)[1 if wrong else gold])
         return np.array(out)
 
     got, counts = hard_evidence_rows(rows, pools, predict, seed=5, pairs=50, labels=labels)
-    assert counts["pairs"] == 20 and counts["right_alone"] == 19 and len(seen) == 40
-    docs = {h: p for p, h in seen[20:]}
+    # the licensed entailment/contradiction pairs: the 20, and the two of pair 4's premise
+    assert counts["pairs"] == 22 and counts["right_alone"] == 21 and len(seen) == 44
+    docs = {h: p for p, h in seen[22:]}
     lost = sorted(h for h, p in docs.items() if len(p.split()) > 150 and not h.startswith("Someone 3 "))
-    assert counts["hard"] == len(lost) == len(got) // 2 > 0
-    assert sorted(r["hypothesis"] for r in got[::2]) == lost
-    for kept, removed in zip(got[::2], got[1::2]):
+    hard = [r for r in got if r["source"] == "long/hard"]
+    assert counts["hard"] == len(lost) == len(hard) > 0
+    assert sorted(r["hypothesis"] for r in hard) == lost
+    for kept in hard:
         pair = next(r for r in rows if r["hypothesis"] == kept["hypothesis"])
-        assert (kept["source"], kept["label"], removed["source"], removed["label"]) == (
-            "long/hard", pair["label"], "long/removed", "neutral")
+        removed = got[got.index(kept) + 1]
+        assert (kept["label"], removed["source"], removed["label"]) == (pair["label"], "long/removed", "neutral")
         assert kept["premise"] == docs[kept["hypothesis"]] and pair["premise"] in kept["premise"]
         assert removed["hypothesis"] == kept["hypothesis"] and pair["premise"] not in removed["premise"]
         assert 150 - 12 < len(removed["premise"].split()) <= EVIDENCE_MAX_WORDS + 12
+        # the same document against the premise's other hypotheses of the source, one per other label
+        siblings = [r for r in got if r["source"] == "long/sibling" and r["premise"] == kept["premise"]]
+        expected: dict[str, str] = {}  # label -> the first hypothesis of that label
+        for r in rows:
+            if r["source"] == pair["source"] and r["premise"] == pair["premise"] and r["label"] != pair["label"]:
+                expected.setdefault(r["label"], r["hypothesis"])
+        assert sorted((r["label"], r["hypothesis"]) for r in siblings) == sorted(expected.items())
+        if siblings:  # the filler avoided the siblings' content words too
+            assert AWAITED not in kept["premise"]
+    assert counts["siblings"] == sum(r["source"] == "long/sibling" for r in got) > 0
+    assert any(AWAITED in p for p, h in seen[22:] if h.startswith("Someone 1 "))  # it is filler elsewhere
     assert hard_evidence_rows(rows, pools, predict, seed=5, pairs=50, labels=labels)[0] == got
     assert hard_evidence_rows(rows, pools, predict, seed=5, pairs=4, labels=labels)[1]["pairs"] == 4
 

@@ -246,7 +246,8 @@ def test_rebuild_of_hard_window_rows_restores_the_model_that_scored_them() -> No
     account = ship.hard_windows_text(stage["data"]["extra_train"])
     assert f"then 5 of 600 windows that artifact `{shipped[:16]}…` misread)" in account
     assert (f"(40 of the 700 pairs that artifact `{shipped[:16]}…` labelled right alone), each with its label beside "
-            "the same length of unrelated sentences without the premise (neutral)") in account
+            "the same length of unrelated sentences without the premise (neutral) and, as `long/sibling` rows, the same "
+            "document against the premise's other hypotheses (their own labels)") in account
     stage["data"]["extra_train"]["build_record"] = second
     record["model_artifact_hash"] = "0" * 64  # a round no commit shipped: the chain cannot be rebuilt
     assert "the rows of sha256 `" + "e" * 64 + "` (hard windows scored by artifact `0000000000000000…`" in (
@@ -254,3 +255,21 @@ def test_rebuild_of_hard_window_rows_restores_the_model_that_scored_them() -> No
     stage["data"]["extra_train"]["build_record"] = record
     assert "the rows of sha256 `" + "e" * 64 + "` (hard windows scored by artifact `0000000000000000…`" in (
         ship.rebuild_text(stage))
+
+
+def test_card_long_premise_table_gives_each_label_kept_before_and_now() -> None:
+    """The card's long-premise rows: each figure before / now, in filler-length order, "n/a" where the replaced
+    model's record lacks a figure."""
+    now = {"categories": {}, "groups": {}, "long": {
+        "330": {"premise_words": 342.3, "accuracy": 0.7, "entailment_kept": 0.8, "contradiction_kept": 0.85,
+                "neutral_kept": 0.45, "false_entailment": 0.01},
+        "40": {"premise_words": 52.8, "accuracy": 0.8, "entailment_kept": 0.9, "contradiction_kept": 0.75,
+               "neutral_kept": 0.75, "false_entailment": 0.0}}}
+    before = {"categories": {}, "groups": {}, "long": {
+        "330": {"premise_words": 342.8, "accuracy": 0.69, "entailment_kept": 0.697, "contradiction_kept": 0.667,
+                "false_entailment": 0.0133}}}
+    table = ship.mission_tables({"mission": {"test": now}, "mission_previous": {"test": before}})
+    rows = [line for line in table.splitlines() if line.startswith(("| 40 ", "| 330 "))]
+    assert rows == ["| 40 | 53 | n/a / 0.800 | n/a / 0.900 | n/a / 0.750 | n/a / 0.750 | n/a / 0.000 |",
+                    "| 330 | 342 | 0.690 / 0.700 | 0.697 / 0.800 | 0.667 / 0.850 | n/a / 0.450 | 0.013 / 0.010 |"]
+    assert "| neutral kept (before / now) |" in table

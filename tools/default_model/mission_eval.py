@@ -9,8 +9,8 @@ Reads the ``dev.jsonl`` / ``test.jsonl`` written by ``answer_data.py`` and repor
 - more/less specific answers: directed-label accuracy (specific -> general: entailment; back: not entailment);
 - answer agreement AUROC: agreeing (meaning kept, more specific) vs disagreeing (value swaps) pairs ranked by NCP's
   pair score ``1 - (p_c(a, b) + p_c(b, a)) / 2``, for bare answers, one-sentence answers and question-aware inputs;
-- long premises by filler length: accuracy, entailment kept (gold-entailment rows predicted entailment) and false
-  entailment of documents without the evidence.
+- long premises by filler length: accuracy, entailment / contradiction / neutral kept (the rows of that gold label
+  predicted so) and false entailment of documents without the evidence.
 
 Run from the repository root::
 
@@ -37,6 +37,8 @@ from fastnli.scorers.units import align_units
 from tools.default_model.answer_data import MEANING_KEPT, ONE_WAY, VALUE_SWAPS, read_jsonl
 
 LABELS = ("contradiction", "neutral", "entailment")
+#: the long-premise figures per filler length, in the rendered table's order
+LONG_FIGURES = ("accuracy", "entailment_kept", "contradiction_kept", "neutral_kept", "false_entailment")
 C, N, E = 0, 1, 2
 FORMS = ("", "+sentence", "+question")  # bare answers, one-sentence answers, question-aware inputs
 
@@ -110,6 +112,9 @@ def evaluate(rows: Sequence[dict[str, Any]], probs: np.ndarray) -> dict[str, Any
             entry["entailment_kept"] = round(float((pred[ent] == E).mean()), 4)
             con = idx[gold[idx] == C]
             entry["contradiction_kept"] = round(float((pred[con] == C).mean()), 4)
+            neu = idx[gold[idx] == N]
+            if len(neu):
+                entry["neutral_kept"] = round(float((pred[neu] == N).mean()), 4)
         else:
             entry["false_entailment"] = round(float((pred[idx] == E).mean()), 4)
         entry["premise_words"] = round(float(np.mean([len(rows[i]["premise"].split()) for i in idx])), 1)
@@ -182,12 +187,11 @@ def render(result: dict[str, Any]) -> str:
     for form, g in result["groups"].items():
         lines.append(f"| {form} | {g.get('value_swaps', float('nan')):.3f} | {g.get('meaning_kept', float('nan')):.3f}"
                      f" | {g.get('agreement_auroc', float('nan')):.3f} |")
-    lines += ["", "| filler words | premise words | accuracy | entailment kept | contradiction kept | "
-              "false entailment without evidence |", "|---|---|---|---|---|---|"]
+    lines += ["", "| filler words | premise words | accuracy | entailment kept | contradiction kept | neutral kept | "
+              "false entailment without evidence |", "|---|---|---|---|---|---|---|"]
     for words, e in result["long"].items():
-        lines.append(f"| {words} | {e['premise_words']:.0f} | {e.get('accuracy', float('nan')):.3f} | "
-                     f"{e.get('entailment_kept', float('nan')):.3f} | {e.get('contradiction_kept', float('nan')):.3f}"
-                     f" | {e.get('false_entailment', float('nan')):.3f} |")
+        lines.append(f"| {words} | {e['premise_words']:.0f} | " + " | ".join(
+            f"{e.get(k, float('nan')):.3f}" for k in LONG_FIGURES) + " |")
     return "\n".join(lines)
 
 

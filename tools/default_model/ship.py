@@ -338,12 +338,12 @@ def mission_tables(q: dict[str, Any]) -> str:
         lines.append(" | ".join([f"| {form}"] + [f"{b.get(k, float('nan')):.3f} / {g.get(k, float('nan')):.3f}" for k in
                                                  ("value_swaps", "meaning_kept", "agreement_auroc")]) + " |")
     lines += ["", "| filler words | premise words | accuracy (before / now) | entailment kept (before / now) | "
-              "false entailment without the evidence (before / now) |", "|---|---|---|---|---|"]
+              "contradiction kept (before / now) | neutral kept (before / now) | false entailment without the "
+              "evidence (before / now) |", "|---|---|---|---|---|---|---|"]
     for words, e in sorted(now["long"].items(), key=lambda kv: int(kv[0])):  # keys are strings in quality.json
         b = (before or {}).get("long", {}).get(words, {})
         lines.append(f"| {words} | {e['premise_words']:.0f} | " + " | ".join(
-            f"{_figure(b.get(k))} / {_figure(e.get(k))}" for k in ("accuracy", "entailment_kept", "false_entailment"))
-            + " |")
+            f"{_figure(b.get(k))} / {_figure(e.get(k))}" for k in mission_eval.LONG_FIGURES) + " |")
     return "\n".join(lines)
 
 
@@ -632,7 +632,8 @@ def hard_windows_text(extra: dict[str, Any]) -> str:
         text += ("; the `long/hard` rows are evidence an earlier default model lost (`hard_windows --kind evidence`): "
                  "licensed entailment and contradiction pairs it labelled wrong with their premise among 40-330 "
                  "words of unrelated sentences (" + ", then ".join(evidence) + "), each with its label beside the "
-                 "same length of unrelated sentences without the premise (neutral)")
+                 "same length of unrelated sentences without the premise (neutral) and, as `long/sibling` rows, the "
+                 "same document against the premise's other hypotheses (their own labels)")
     return text
 
 
