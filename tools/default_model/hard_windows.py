@@ -118,11 +118,11 @@ def hard_evidence_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], 
     alone = np.asarray(predict([(r["premise"], r["hypothesis"]) for r in picked])).argmax(axis=1) == gold
     inside = np.asarray(predict([(d, r["hypothesis"]) for d, r in zip(docs, picked)])).argmax(axis=1) == gold
     out: list[dict[str, Any]] = []
-    hard = 0
+    hard = sibling_rows = 0
     for r, sib, doc, right_alone, right_inside in zip(picked, siblings, docs, alone, inside):
         if not right_alone or right_inside:
             continue
-        hard += 1
+        hard, sibling_rows = hard + 1, sibling_rows + len(sib)
         filler_words = len(doc.split()) - len(clean(r["premise"]).split())
         removed = long_document(None, r["hypothesis"], pools["train"], filler_words, rng)
         out += [long_row(doc, r["hypothesis"], r["label"], "hard"), long_row(removed, r["hypothesis"], "neutral",
@@ -130,7 +130,7 @@ def hard_evidence_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], 
         out += [long_row(doc, s["hypothesis"], s["label"], "sibling") for s in sib]
     counts = {"pairs": len(picked), "right_alone": int(alone.sum()), "hard": hard,
               "hard_share": round(hard / max(int(alone.sum()), 1), 4),
-              "siblings": sum(r["source"] == "long/sibling" for r in out)}
+              "siblings": sibling_rows}
     return out, counts
 
 

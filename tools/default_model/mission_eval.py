@@ -108,13 +108,10 @@ def evaluate(rows: Sequence[dict[str, Any]], probs: np.ndarray) -> dict[str, Any
         entry = long.setdefault(words, {})
         if kind == "long_kept":
             entry["accuracy"] = round(float((pred[idx] == gold[idx]).mean()), 4)
-            ent = idx[gold[idx] == E]
-            entry["entailment_kept"] = round(float((pred[ent] == E).mean()), 4)
-            con = idx[gold[idx] == C]
-            entry["contradiction_kept"] = round(float((pred[con] == C).mean()), 4)
-            neu = idx[gold[idx] == N]
-            if len(neu):
-                entry["neutral_kept"] = round(float((pred[neu] == N).mean()), 4)
+            for label in (E, C, N):  # each gold label's share predicted so, where the length has such rows
+                of_label = idx[gold[idx] == label]
+                if len(of_label):
+                    entry[LABELS[label] + "_kept"] = round(float((pred[of_label] == label).mean()), 4)
         else:
             entry["false_entailment"] = round(float((pred[idx] == E).mean()), 4)
         entry["premise_words"] = round(float(np.mean([len(rows[i]["premise"].split()) for i in idx])), 1)
