@@ -153,13 +153,14 @@ def engine_probs(model: str | None, rows: Sequence[dict[str, Any]], aligned: boo
 
 
 def hf_probs(path: Path, rows: Sequence[dict[str, Any]], aligned: bool = False, batch_size: int = 64,
-             max_length: int = 512) -> np.ndarray:
-    """Probabilities of a HF checkpoint with the label order of :data:`LABELS` (torch, fp32, length-sorted)."""
+             max_length: int = 512, device: str = "cpu") -> np.ndarray:
+    """Probabilities of a HF checkpoint with the label order of :data:`LABELS` (torch, fp32, length-sorted), run on
+    ``device`` (a torch device name)."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval().to(device)
     cols = [model.config.label2id[name] for name in LABELS]
 
     def predict(pairs: list[tuple[str, str]]) -> np.ndarray:
@@ -170,7 +171,7 @@ def hf_probs(path: Path, rows: Sequence[dict[str, Any]], aligned: bool = False, 
                 idx = order[s : s + batch_size]
                 enc = tok([pairs[i][0] for i in idx], [pairs[i][1] for i in idx], truncation=True,
                           max_length=max_length, padding=True, return_tensors="pt")
-                out[idx] = torch.softmax(model(**enc).logits.float(), -1)[:, cols].numpy()
+                out[idx] = torch.softmax(model(**enc.to(device)).logits.float(), -1)[:, cols].cpu().numpy()
         return out
 
     return row_probs(predict, rows, aligned)
@@ -200,9 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--hf", type=Path, help="a HF checkpoint directory, run with torch fp32")
     p.add_argument("--json", type=Path, help="also write the result as JSON here")
     p.add_argument("--align-units", action="store_true", help="read the pairs as the scorers do with align_units")
+    p.add_argument("--device", default="cpu", help="torch device of an --hf checkpoint (e.g. cuda)")
     args = p.parse_args(argv)
+    if args.device != "cpu" and args.hf is None:
+        p.error("--device applies to --hf checkpoints; fastnli models (--model) run on the CPU here")
     rows = read_jsonl(args.rows)
-    probs = (hf_probs(args.hf, rows, args.align_units) if args.hf is not None
+    probs = (hf_probs(args.hf, rows, args.align_units, device=args.device) if args.hf is not None
              else engine_probs(None if args.model == "default" else args.model, rows, args.align_units))
     result = evaluate(rows, probs)
     if args.json:

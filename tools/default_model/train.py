@@ -24,7 +24,8 @@ accurate in pilots; without AVX512-BF16 or AMX the tool refuses it. A run writes
 ``--stop-after-steps``); ``--resume`` goes on from there and ends with the weights of a run without a break.
 
 Deterministic for a given seed, thread count and machine (CPU kernels may reduce in a different order with a
-different number of threads).
+different number of threads). ``--device cuda`` trains on a GPU, with the same recipe (deterministic cuBLAS and
+kernels too); ``--teacher-cache`` carries the teacher's probabilities to a machine that lacks the teacher artifact.
 """
 
 from __future__ import annotations
@@ -176,6 +177,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "invariant, so caching them is exact) and used as the teacher's log-probabilities",
     )
     p.add_argument(
+        "--teacher-cache",
+        type=Path,
+        default=None,
+        help="with --teacher-engine: an .npz of the teacher's log-probabilities of the licensed training pairs; read "
+        "when it exists (refused when its pairs or teacher differ from this run's), else computed and written there. "
+        "Lets runs that share data and teacher skip the teacher pass, also on a machine without the teacher",
+    )
+    p.add_argument(
         "--extra-train",
         type=Path,
         action="append",
@@ -193,6 +202,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "alpha x the symmetric KL between the two predictions (0: off; doubles the cost of a step)",
     )
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the model trains and is evaluated ('cuda': the first GPU; --bf16 autocasts there too)",
+    )
     p.add_argument("--eval-every", type=int, default=500, help="evaluate the snli/dev slice every N steps (0: never)")
     p.add_argument("--eval-slice", type=int, default=2000, help="pairs of the fixed snli/dev slice")
     p.add_argument("--eval-batch-size", type=int, default=128)
@@ -247,6 +262,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--ffn-size must be positive")
     if args.rdrop_alpha < 0:
         p.error("--rdrop-alpha must be >= 0")
+    if args.teacher_cache is not None and args.teacher_engine is None:
+        p.error("--teacher-cache holds --teacher-engine's probabilities: give --teacher-engine too")
     if args.teacher is not None and args.teacher_engine is not None:
         p.error("--teacher and --teacher-engine are exclusive: pick one teacher")
     if args.extra_train and args.rdrop_alpha > 0 and (args.teacher or args.teacher_engine):
@@ -460,6 +477,11 @@ def collate(split: Split, idx: np.ndarray, pad_id: int) -> dict[str, Any]:
     }
 
 
+def to_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
+    """The batch's tensors on ``device`` (no copy when they are there already)."""
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
 def bucketed_batches(
     lengths: np.ndarray, batch_size: int, bucket_batches: int, rng: np.random.Generator
 ) -> list[np.ndarray]:
@@ -526,13 +548,14 @@ def predict(model: Any, split: Split, batch_size: int, pad_id: int, bf16: bool =
 
     was_training = model.training
     model.eval()
+    device = next(model.parameters()).device
     order = np.argsort(split.lengths, kind="stable")
     preds = np.empty(len(split), dtype=np.int64)
-    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            logits = model(**collate(split, idx, pad_id)).logits
-            preds[idx] = logits.argmax(-1).numpy()
+            logits = model(**to_device(collate(split, idx, pad_id), device)).logits
+            preds[idx] = logits.argmax(-1).cpu().numpy()
     model.train(was_training)
     return preds
 
@@ -645,6 +668,47 @@ def engine_teacher_logprobs(name: str, split: Split) -> tuple[np.ndarray, dict[s
     return logp, record
 
 
+def pairs_digest(split: Split) -> str:
+    """sha256 over a split's (premise, hypothesis) pairs, in order."""
+    h = hashlib.sha256()
+    for premise, hypothesis in zip(split.premises, split.hypotheses):
+        h.update(json.dumps([premise, hypothesis]).encode())
+    return h.hexdigest()
+
+
+def cached_teacher_logprobs(name: str, split: Split, cache: Path) -> tuple[np.ndarray, dict[str, Any]]:
+    """:func:`engine_teacher_logprobs` through the ``--teacher-cache`` file ``cache``: read when it exists (its pairs
+    must be ``split``'s, and its teacher the artifact ``name`` when that is on this machine), else computed and
+    written there."""
+    digest = pairs_digest(split)
+    if not cache.is_file():
+        logp, record = engine_teacher_logprobs(name, split)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with cache.open("wb") as f:
+            np.savez(f, logp=logp, pairs_sha256=np.array(digest), record=np.array(json.dumps(record)))
+        LOG.info("teacher log-probabilities of %d pairs written to %s", len(split), cache)
+        return logp, record
+    with np.load(cache) as z:
+        logp, cached_digest, record = z["logp"], str(z["pairs_sha256"]), json.loads(str(z["record"]))
+    if cached_digest != digest:
+        raise SystemExit(f"--teacher-cache {cache} holds the teacher's probabilities of other training pairs ({len(logp)} "
+                         f"pairs, sha256 {cached_digest[:12]}; this run has {len(split)}, sha256 {digest[:12]}): give "
+                         "another path, or the --data and --limit-train it was written with")
+    artifact = REPO_ROOT / "fastnli" / "models" / "default" if name == "default" else Path(name)
+    if (artifact / "manifest.json").is_file():
+        from fastnli.engine.manifest import read_manifest
+
+        here = read_manifest(artifact).artifact_hash
+        if here != record["artifact_hash"]:
+            raise SystemExit(f"--teacher-cache {cache} was written by the teacher {record['artifact_hash'][:12]}, but "
+                             f"--teacher-engine {name} is {here[:12]}: give another path or that teacher")
+    else:
+        LOG.info("--teacher-engine %s is not on this machine: the cached teacher %s stands for it", name,
+                 record["artifact_hash"][:12])
+    LOG.info("teacher log-probabilities of %d pairs read from %s", len(split), cache)
+    return logp, {**record, "cache": str(cache)}
+
+
 def teacher_lineage(artifact: Path) -> dict[str, Any] | None:
     """How a teacher model shipped by ``tools/default_model/ship.py`` was made (its ``quality.json``, beside the
     artifact or, for the embedded default model, :data:`DEFAULT_MODEL_QUALITY`): artifact hash, training command,
@@ -720,7 +784,7 @@ def weights_digest(state: dict[str, Any]) -> str:
     h = hashlib.sha256()
     for name, tensor in state.items():
         h.update(name.encode())
-        h.update(tensor.detach().contiguous().numpy().tobytes())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -795,6 +859,8 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     command = [Path(sys.argv[0]).name, *(sys.argv[1:] if argv is None else argv)]
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true" if args.threads > 1 else "false")
+    if args.device == "cuda":  # deterministic cuBLAS needs a fixed workspace, set before CUDA starts
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
     import torch
     from tqdm.auto import tqdm
@@ -807,7 +873,10 @@ def main(argv: list[str] | None = None) -> int:
     if torch.get_num_interop_threads() != 1:  # settable once per process
         torch.set_num_interop_threads(1)
     seed_everything(args.seed, deterministic=not args.no_deterministic)
-    if args.bf16 and not cpu_has_bf16():  # measured on a 2-core AVX2 EPYC: 52 s vs 2 s per R-Drop step of 32 pairs
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device cuda: torch {torch.__version__} sees no GPU here; train with --device cpu")
+    device = torch.device(args.device)
+    if args.bf16 and args.device == "cpu" and not cpu_has_bf16():  # measured on a 2-core AVX2 EPYC: 52 s vs 2 s per R-Drop step of 32 pairs
         raise SystemExit("--bf16 needs a CPU with AVX512-BF16 or AMX; this one emulates bfloat16 matmuls, about 25x "
                          "slower than fp32: drop --bf16 (in pilots bf16 was as accurate as fp32, only faster)")
 
@@ -855,9 +924,10 @@ def main(argv: list[str] | None = None) -> int:
     pruning = prune_ffn(model, args.ffn_size, train, pad_id, seed=args.seed) if args.ffn_size else None
     if pruning:
         LOG.info("pruned the feed-forward blocks from %d to %d neurons", pruning["from"], pruning["to"])
+    model.to(device)
     teacher = None
     if args.teacher is not None:
-        teacher = AutoModelForSequenceClassification.from_pretrained(args.teacher.resolve()).eval()
+        teacher = AutoModelForSequenceClassification.from_pretrained(args.teacher.resolve()).eval().to(device)
         if [teacher.config.id2label[i] for i in range(len(LABELS))] != list(LABELS):
             raise ValueError(f"--teacher {args.teacher}: label order {teacher.config.id2label} is not {LABELS}")
         for param in teacher.parameters():
@@ -872,7 +942,10 @@ def main(argv: list[str] | None = None) -> int:
         teacher_logp, teacher_record = resumed["teacher_logp"], resumed["teacher_record"]
     elif args.teacher_engine is not None:
         base_idx = np.array([i for i, src in enumerate(train.sources) if not src.startswith(EXTRA_PREFIX)])
-        base_logp, teacher_record = engine_teacher_logprobs(args.teacher_engine, train.subset("train", base_idx))
+        base_split = train.subset("train", base_idx)
+        base_logp, teacher_record = (
+            cached_teacher_logprobs(args.teacher_engine, base_split, args.teacher_cache) if args.teacher_cache
+            else engine_teacher_logprobs(args.teacher_engine, base_split))
         teacher_logp = np.full((len(train), len(LABELS)), np.nan, dtype=np.float32)  # NaN: not distilled
         teacher_logp[base_idx] = base_logp
         LOG.info("teacher %s: %s", args.teacher_engine, teacher_record)
@@ -963,6 +1036,8 @@ def main(argv: list[str] | None = None) -> int:
         random.setstate(resumed["python_rng"])
         np.random.set_state(resumed["numpy_rng"])
         torch.set_rng_state(resumed["torch_rng"])
+        if resumed.get("cuda_rng") is not None and device.type == "cuda":
+            torch.cuda.set_rng_state(resumed["cuda_rng"])
         LOG.info("resumed from %s at step %d/%d (epoch %d, %d of its steps done)", state_path, step, total_steps,
                  start_epoch + 1, done_in_epoch)
     invocations.append({"first_step": step, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "command": command})
@@ -973,7 +1048,8 @@ def main(argv: list[str] | None = None) -> int:
             "format": 1, "recipe": recipe_arguments(args), "step": step, "epoch": epoch, "done_in_epoch": done,
             "epoch_rng": epoch_rng, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "python_rng": random.getstate(), "numpy_rng": np.random.get_state(),
-            "torch_rng": torch.get_rng_state(), "counters": (loss_sum, loss_n, tokens_seen, padded_seen, train_time_s),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state() if device.type == "cuda" else None, "counters": (loss_sum, loss_n, tokens_seen, padded_seen, train_time_s),
             "best": best, "best_state": best_state, "evals": evals_log, "teacher_logp": teacher_logp,
             "teacher_record": teacher_record,
             "invocations": invocations_so_far(),
@@ -1003,9 +1079,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             for done_in_epoch, idx in enumerate(bar, start=resume_at + 1):
                 t_step = time.perf_counter()
-                batch = collate(train, idx, pad_id)
-                labels = torch.from_numpy(train.labels[idx])
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                batch = to_device(collate(train, idx, pad_id), device)
+                labels = torch.from_numpy(train.labels[idx]).to(device)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
                     logits = model(**({k: v.repeat(2, 1) for k, v in batch.items()} if rdrop else batch)).logits
                 logits = logits.float()
                 if rdrop:
@@ -1014,10 +1090,10 @@ def main(argv: list[str] | None = None) -> int:
                     loss = torch.nn.functional.cross_entropy(logits, labels, label_smoothing=args.label_smoothing)
                 teacher_out = None
                 if teacher is not None:
-                    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                    with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
                         teacher_out = teacher(**batch).logits.float().clone()
                 elif teacher_logp is not None:
-                    teacher_out = torch.from_numpy(teacher_logp[idx])
+                    teacher_out = torch.from_numpy(teacher_logp[idx]).to(device)
                 if teacher_out is not None and not rdrop and args.extra_train:  # generated rows: no teacher
                     loss = mixed_distillation_loss(logits, labels, teacher_out, args.kd_weight, args.kd_temperature,
                                                    args.label_smoothing)
@@ -1060,7 +1136,8 @@ def main(argv: list[str] | None = None) -> int:
                     stop_reason = f"--stop-after-steps {args.stop_after_steps}"
                 elif budget_s is not None:
                     # what is left after training: an evaluation of the slice and of the full splits, and saving
-                    tok_rate = eval_tok_per_s or 2000.0 * args.threads
+                    # (until the first evaluation measures it: ~2,000 tokens/s per CPU thread, far more on a GPU)
+                    tok_rate = eval_tok_per_s or (2000.0 * args.threads if device.type == "cpu" else 200_000.0)
                     reserve = 1.3 * (full_eval_tokens + int(dev_slice.lengths.sum())) / tok_rate + 30.0
                     if time.perf_counter() - t_start + reserve >= budget_s:
                         stop_reason = f"time budget ({args.time_budget_min} min)"
@@ -1133,6 +1210,7 @@ def main(argv: list[str] | None = None) -> int:
             "deterministic_algorithms": not args.no_deterministic,
             "precision": "bf16 autocast (fp32 weights)" if args.bf16 else "fp32",
             "threads": args.threads,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         },
         "data": data_info,
         "versions": versions(),
