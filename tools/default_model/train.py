@@ -192,6 +192,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="JSONL of generated training rows (premise, hypothesis, label, source, category), e.g. the train.jsonl "
         "of tools/default_model/answer_data.py; may repeat. Distillation never applies to these rows",
     )
+    p.add_argument(
+        "--repeat-rows",
+        action="append",
+        default=[],
+        metavar="SOURCES[:LABEL]",
+        help="one more copy of the --extra-train rows whose source is one of SOURCES (comma-separated) and, with "
+        ":LABEL, whose label is LABEL, appended after them in their order; may repeat (each adds a copy), e.g. "
+        "'long/sibling' or 'long/kept,long/sibling:neutral'",
+    )
     p.add_argument("--kd-weight", type=float, default=0.5, help="weight of the distillation term (0..1)")
     p.add_argument("--kd-temperature", type=float, default=2.0, help="softmax temperature of the distillation term")
     p.add_argument(
@@ -262,6 +271,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--ffn-size must be positive")
     if args.rdrop_alpha < 0:
         p.error("--rdrop-alpha must be >= 0")
+    for spec in args.repeat_rows:
+        if not args.extra_train:
+            p.error("--repeat-rows repeats --extra-train rows: give --extra-train too")
+        label = spec.partition(":")[2]
+        if label and label not in LABEL2ID or not all(spec.partition(":")[0].split(",")):
+            p.error(f"--repeat-rows {spec!r}: expected SOURCES[:LABEL], sources comma-separated, LABEL one of "
+                    f"{', '.join(LABELS)}")
     if args.teacher_cache is not None and args.teacher_engine is None:
         p.error("--teacher-cache holds --teacher-engine's probabilities: give --teacher-engine too")
     if args.teacher is not None and args.teacher_engine is not None:
@@ -412,7 +428,16 @@ def load_data(args: argparse.Namespace) -> tuple[Split, dict[str, Split], dict[s
         info["train_rows_per_source_after_limit"] = dict(sorted(Counter(train.sources).items()))
 
     if args.extra_train:
-        extra = [r for path in args.extra_train for r in read_jsonl(path)]
+        files_rows = [r for path in args.extra_train for r in read_jsonl(path)]
+        extra, repeated = list(files_rows), []
+        for spec in args.repeat_rows:  # copies of the files' rows (never of earlier copies), in the files' order
+            sources, _, label = spec.partition(":")
+            wanted = set(sources.split(","))
+            copy = [r for r in files_rows if r["source"] in wanted and (not label or r["label"] == label)]
+            if not copy:
+                raise ValueError(f"--repeat-rows {spec!r}: no --extra-train row has such a source and label")
+            repeated.append({"spec": spec, "rows": len(copy)})
+            extra += copy
         base_n = len(train)
         train = Split(
             name="train",
@@ -426,6 +451,8 @@ def load_data(args: argparse.Namespace) -> tuple[Split, dict[str, Split], dict[s
             "rows": len(train) - base_n,
             "rows_per_category": dict(sorted(Counter(r.get("category", "?") for r in extra).items())),
         }
+        if repeated:
+            info["extra_train"]["repeated"] = repeated
 
     if args.swap_contradictions:
         c = [i for i in range(len(train)) if train.labels[i] == LABEL2ID["contradiction"]]
