@@ -186,3 +186,70 @@ def test_extra_rows_join_the_training_data_and_the_log(quiet_main, tool, ckpt_be
     assert log["data"]["extra_train"]["rows"] == 2
     assert log["data"]["extra_train"]["rows_per_category"] == {"format_variant": 1, "year_swap": 1}
     assert log["data"]["train_rows_used"] == 98
+
+
+def test_repeat_rows_appends_copies_of_the_files_rows_in_their_order(tool, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    if not SHARED_DATA.is_dir():
+        pytest.skip("../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
+    rows = [{"premise": f"p{i}", "hypothesis": f"h{i}", "label": label, "source": source, "category": "long"}
+            for i, (source, label) in enumerate([("long/kept", "neutral"), ("long/sibling", "entailment"),
+                                                 ("long/hard", "neutral"), ("long/sibling", "neutral")])]
+    extra = tmp_path / "rows.jsonl"
+    extra.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = ["--base", str(tmp_path), "--out", "x", "--data", str(SHARED_DATA), "--limit-train", "10",
+            "--extra-train", str(extra)]
+    train, _, info = tool.load_data(tool.parse_args(
+        [*base, "--repeat-rows", "long/sibling", "--repeat-rows", "long/kept,long/sibling:neutral"]))
+    # the files' rows, then the siblings, then the neutral kept and sibling rows: copies of the files' rows only
+    assert train.premises[10:] == ["p0", "p1", "p2", "p3", "p1", "p3", "p0", "p3"]
+    assert train.sources[10:14] == [tool.EXTRA_PREFIX + r["source"] for r in rows]
+    assert info["extra_train"]["rows"] == 8
+    assert info["extra_train"]["repeated"] == [{"spec": "long/sibling", "rows": 2},
+                                               {"spec": "long/kept,long/sibling:neutral", "rows": 2}]
+    with pytest.raises(ValueError, match=r"--repeat-rows 'long/gone': no --extra-train row has such a source"):
+        tool.load_data(tool.parse_args([*base, "--repeat-rows", "long/gone"]))
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--repeat-rows", "long/kept"], "--repeat-rows repeats --extra-train rows: give --extra-train too"),
+    (["--extra-train", "r.jsonl", "--repeat-rows", "long/kept:maybe"],
+     "--repeat-rows 'long/kept:maybe': expected SOURCES[:LABEL], sources comma-separated, LABEL one of "
+     "contradiction, neutral, entailment"),
+    (["--teacher-cache", "t.npz"], "--teacher-cache holds --teacher-engine's probabilities: give --teacher-engine too"),
+])
+def test_row_and_cache_options_refuse_what_they_cannot_do(tool, capsys, tmp_path, argv, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit):
+        tool.parse_args(["--base", str(tmp_path), "--out", "x", *argv])
+    assert message in capsys.readouterr().err
+
+
+def test_teacher_cache_is_written_once_then_read_and_refuses_other_pairs_or_teachers(tool, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    rows = [{"premise": "A dog runs through the snow.", "hypothesis": "An animal is outside.", "label": "entailment",
+             "source": "snli/train"},
+            {"premise": "Two women are talking in a cafe.", "hypothesis": "The women are asleep.",
+             "label": "contradiction", "source": "snli/train"}]
+    split, cache = tool.make_split("train", rows), tmp_path / "teacher.npz"
+    computed, record = tool.cached_teacher_logprobs("default", split, cache)
+    assert cache.is_file() and "cache" not in record
+    read, cached = tool.cached_teacher_logprobs("default", split, cache)
+    np.testing.assert_array_equal(read, computed)
+    assert cached == {**record, "cache": str(cache)}
+    other = tool.make_split("train", [rows[0]])
+    with pytest.raises(SystemExit, match=r"holds the teacher's probabilities of other training pairs \(2 pairs"):
+        tool.cached_teacher_logprobs("default", other, cache)
+    with np.load(cache) as z:
+        logp, digest = z["logp"], z["pairs_sha256"]
+    with cache.open("wb") as f:  # the same pairs, another teacher
+        np.savez(f, logp=logp, pairs_sha256=digest, record=np.array(json.dumps({**record, "artifact_hash": "f" * 64})))
+    with pytest.raises(SystemExit, match=r"was written by the teacher ffffffffffff, but --teacher-engine default is "):
+        tool.cached_teacher_logprobs("default", split, cache)
+    # a teacher that is not on this machine: the cache stands for it
+    read, _ = tool.cached_teacher_logprobs(str(tmp_path / "gone"), split, cache)
+    np.testing.assert_array_equal(read, computed)
+
+
+def test_device_cuda_without_a_gpu_says_so(quiet_main, ckpt_bert, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(SystemExit, match=r"--device cuda: torch .* sees no GPU here; train with --device cpu"):
+        quiet_main(_tiny_run(ckpt_bert, tmp_path / "run", "--device", "cuda"))
