@@ -80,7 +80,7 @@ UNSEEN_PREMISE_NAME = "lingnli/val[unseen-premise]"
 RESUME_FILE = "resume_state.pt"
 # arguments a resumed run may change: they do not change what is computed
 OPERATIONAL_ARGS = frozenset({"resume", "state_every_min", "stop_after_steps", "time_budget_min", "log_every_s",
-                              "log_level"})
+                              "log_level", "teacher_cache"})
 
 
 def selection_text(select_on: str, slice_rows: int, eval_every: int) -> str:
@@ -274,8 +274,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for spec in args.repeat_rows:
         if not args.extra_train:
             p.error("--repeat-rows repeats --extra-train rows: give --extra-train too")
-        label = spec.partition(":")[2]
-        if label and label not in LABEL2ID or not all(spec.partition(":")[0].split(",")):
+        sources, _, label = spec.partition(":")
+        if (label and label not in LABEL2ID) or not all(sources.split(",")):
             p.error(f"--repeat-rows {spec!r}: expected SOURCES[:LABEL], sources comma-separated, LABEL one of "
                     f"{', '.join(LABELS)}")
     if args.teacher_cache is not None and args.teacher_engine is None:
@@ -903,7 +903,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"--device cuda: torch {torch.__version__} sees no GPU here; train with --device cpu")
     device = torch.device(args.device)
-    if args.bf16 and args.device == "cpu" and not cpu_has_bf16():  # measured on a 2-core AVX2 EPYC: 52 s vs 2 s per R-Drop step of 32 pairs
+    # measured on a 2-core AVX2 EPYC: 52 s vs 2 s per R-Drop step of 32 pairs
+    if args.bf16 and args.device == "cpu" and not cpu_has_bf16():
         raise SystemExit("--bf16 needs a CPU with AVX512-BF16 or AMX; this one emulates bfloat16 matmuls, about 25x "
                          "slower than fp32: drop --bf16 (in pilots bf16 was as accurate as fp32, only faster)")
 
@@ -1076,7 +1077,8 @@ def main(argv: list[str] | None = None) -> int:
             "epoch_rng": epoch_rng, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "python_rng": random.getstate(), "numpy_rng": np.random.get_state(),
             "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state() if device.type == "cuda" else None, "counters": (loss_sum, loss_n, tokens_seen, padded_seen, train_time_s),
+            "cuda_rng": torch.cuda.get_rng_state() if device.type == "cuda" else None,
+            "counters": (loss_sum, loss_n, tokens_seen, padded_seen, train_time_s),
             "best": best, "best_state": best_state, "evals": evals_log, "teacher_logp": teacher_logp,
             "teacher_record": teacher_record,
             "invocations": invocations_so_far(),
