@@ -273,3 +273,30 @@ def test_card_long_premise_table_gives_each_label_kept_before_and_now() -> None:
     assert rows == ["| 40 | 53 | n/a / 0.800 | n/a / 0.900 | n/a / 0.750 | n/a / 0.750 | n/a / 0.000 |",
                     "| 330 | 342 | 0.690 / 0.700 | 0.697 / 0.800 | 0.667 / 0.850 | n/a / 0.450 | 0.013 / 0.010 |"]
     assert "| neutral kept (before / now) |" in table
+
+
+def test_weights_delta_round_trip_is_within_float16_rounding_and_refuses_another_base(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file, save_file
+
+    from tools.default_model import weights_delta
+
+    gen = torch.Generator().manual_seed(0)
+    base = {"w": torch.randn(64, 48, generator=gen), "b": torch.randn(48, generator=gen)}
+    cand = {k: v + 1e-3 * torch.randn(v.shape, generator=gen) for k, v in base.items()}
+    for name, weights in (("base", base), ("cand", cand)):
+        (tmp_path / name).mkdir()
+        save_file(weights, tmp_path / name / "model.safetensors")
+    (tmp_path / "cand" / "config.json").write_text("{}")
+    record = weights_delta.pack(tmp_path / "base", tmp_path / "cand", tmp_path / "parts", part_mib=0.005)
+    assert record["parts"] == len(list((tmp_path / "parts").glob("delta.part*"))) > 1  # cut into parts
+    weights_delta.apply(tmp_path / "base", tmp_path / "parts", tmp_path / "back")
+    back = load_file(tmp_path / "back" / "model.safetensors")
+    for k in cand:
+        bound = (cand[k] - base[k]).abs() * 2.0 ** -11 + 6e-8
+        assert bool(((back[k] - cand[k]).abs() <= bound).all())
+    assert max(float((back[k] - cand[k]).abs().max()) for k in cand) <= record["max_abs_error"] + 1e-12
+    assert (tmp_path / "back" / "config.json").read_text() == "{}"
+    save_file({k: v + 1 for k, v in base.items()}, tmp_path / "base" / "model.safetensors")
+    with pytest.raises(ValueError, match=r"but the difference was taken from .*: rebuild that base first"):
+        weights_delta.apply(tmp_path / "base", tmp_path / "parts", tmp_path / "other")
