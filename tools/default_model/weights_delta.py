@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fastnli.engine.manifest import sha256_file
+
 WEIGHTS = "model.safetensors"
 RECORD = "delta.json"
 #: the checkpoint's files besides its weights that travel with the difference (those that exist)
@@ -34,15 +36,11 @@ SMALL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "specia
                "training_log.json")
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def pack(base: Path, checkpoint: Path, out: Path, part_mib: float = 15.0) -> dict[str, Any]:
     """Write the float16 difference ``checkpoint - base`` in parts of at most ``part_mib`` MiB to ``out``, with its
     record and the checkpoint's small files; returns the record."""
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file, save
 
     base_w, cand_w = load_file(base / WEIGHTS), load_file(checkpoint / WEIGHTS)
     if base_w.keys() != cand_w.keys() or any(base_w[k].shape != cand_w[k].shape for k in base_w):
@@ -51,10 +49,7 @@ def pack(base: Path, checkpoint: Path, out: Path, part_mib: float = 15.0) -> dic
     error = max((float((base_w[k].float() + delta[k].float() - cand_w[k].float()).abs().max()) for k in cand_w),
                 default=0.0)
     out.mkdir(parents=True, exist_ok=True)
-    whole = out / "delta.safetensors"
-    save_file(delta, whole)
-    blob = whole.read_bytes()
-    whole.unlink()
+    blob = save(delta)
     size = int(part_mib * (1 << 20))
     parts = max(1, math.ceil(len(blob) / size))
     for i in range(parts):
@@ -63,7 +58,7 @@ def pack(base: Path, checkpoint: Path, out: Path, part_mib: float = 15.0) -> dic
         if (checkpoint / name).is_file():
             shutil.copy2(checkpoint / name, out / name)
     record = {"parts": parts, "delta_sha256": hashlib.sha256(blob).hexdigest(),
-              "base_sha256": _sha256(base / WEIGHTS), "checkpoint_sha256": _sha256(checkpoint / WEIGHTS),
+              "base_sha256": sha256_file(base / WEIGHTS), "checkpoint_sha256": sha256_file(checkpoint / WEIGHTS),
               "max_abs_error": error, "dtype": str(torch.float16)}
     (out / RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return record
@@ -74,7 +69,7 @@ def apply(base: Path, parts: Path, out: Path) -> dict[str, Any]:
     from safetensors.torch import load, load_file, save_file
 
     record = json.loads((parts / RECORD).read_text(encoding="utf-8"))
-    if (here := _sha256(base / WEIGHTS)) != record["base_sha256"]:
+    if (here := sha256_file(base / WEIGHTS)) != record["base_sha256"]:
         raise ValueError(f"{base / WEIGHTS} has sha256 {here[:12]}, but the difference was taken from "
                          f"{record['base_sha256'][:12]}: rebuild that base first (tools/default_model/recover.py)")
     missing = [i for i in range(record["parts"]) if not (parts / f"delta.part{i}").is_file()]
