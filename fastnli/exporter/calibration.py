@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 
-def session_with_outputs(model: Any, tensors: list[str]) -> tuple[Any, list[int]]:
-    """A CPU session of ``model`` that also returns ``tensors``, and their output positions.
+def session_with_outputs(model: Any, tensors: list[str], elem_type: int | None = None) -> tuple[Any, list[int]]:
+    """A CPU session of ``model`` that also returns ``tensors`` (of ONNX element type ``elem_type``, default
+    float), and their output positions.
 
     The session runs without ORT's memory arena: calibration batches have ragged shapes, and with dozens of
     requested intermediate outputs the arena grew by every new shape and never shrank (a base-size DeBERTa passed
@@ -26,7 +27,8 @@ def session_with_outputs(model: Any, tensors: list[str]) -> tuple[Any, list[int]
 
     kept = len(model.graph.output)
     for name in tensors:  # added in place and removed again: a copy of a large graph costs its size
-        model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+        model.graph.output.append(onnx.helper.make_tensor_value_info(
+            name, onnx.TensorProto.FLOAT if elem_type is None else elem_type, None))
     try:
         serialized = model.SerializeToString()
     finally:
@@ -39,12 +41,12 @@ def session_with_outputs(model: Any, tensors: list[str]) -> tuple[Any, list[int]
     return sess, [names.index(t) for t in tensors]
 
 
-def activations(model: Any, tensors: list[str], feeds: list[dict[str, np.ndarray]]
+def activations(model: Any, tensors: list[str], feeds: list[dict[str, np.ndarray]], elem_type: int | None = None
                 ) -> Iterator[tuple[str, np.ndarray, bool]]:
-    """``(tensor, values, per_token)`` for each of ``tensors`` and each batch of ``feeds``, run in fp32 on CPU:
-    per-token tensors give their real tokens' rows ``(tokens, channels)``; the others (DeBERTa's position
-    projections) all their rows."""
-    sess, where = session_with_outputs(model, tensors)
+    """``(tensor, values, per_token)`` for each of ``tensors`` (of ``elem_type``, default float) and each batch of
+    ``feeds``, run on CPU: per-token tensors give their real tokens' rows ``(tokens, channels)``; the others
+    (DeBERTa's position projections) all their rows."""
+    sess, where = session_with_outputs(model, tensors, elem_type)
     for feed in feeds:
         real = feed["attention_mask"].astype(bool)
         out = sess.run(None, feed)

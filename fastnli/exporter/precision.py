@@ -98,6 +98,7 @@ INT8_RECIPES: dict[str, dict[str, Any]] = {
     "static": {**INT8_RECIPE, "method": "static", "op_types": ["MatMul"], "static": {"percentile": 99.999},
                "outliers": {**_OUTLIERS, "channel_split": True}},
 }
+INT8_RECIPES["static-gptq"] = {**INT8_RECIPES["static"], "weight_rounding": {"method": "gptq", "inputs": "quantized"}}
 
 
 def blockwise_matmuls(src: str | Path, dst: str | Path, spec: dict[str, Any]) -> int:

@@ -1,0 +1,111 @@
+"""GPTQ weight rounding of the static INT8 recipe: the rounding itself, its error measure, and the exported graph."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastnli.exporter import weight_rounding as wr
+
+
+def _layer(k: int = 96, n: int = 40, tokens: int = 2000, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Correlated inputs ``x`` (tokens, k) with a few large channels, weights ``w`` (k, n) and their scales."""
+    rng = np.random.default_rng(seed)
+    mix = rng.standard_normal((k, k)) * np.geomspace(1.0, 0.01, k)[:, None]  # a decaying spectrum: correlated
+    x = rng.standard_normal((tokens, k)) @ mix
+    x[:, :3] *= 6.0
+    w = rng.standard_normal((k, n)) * 0.05
+    return x, w, np.abs(w).max(0) / 127.0
+
+
+def test_gptq_rounding_cuts_the_output_error_of_rounding_to_nearest() -> None:
+    x, w, scale = _layer()
+    h = x.T @ x
+    q = wr.gptq_round(w, scale, h)
+    nearest = np.clip(np.round(w / scale), -127, 127)
+    assert q.dtype == np.int8 and q.shape == w.shape and np.abs(q.astype(int)).max() <= 127
+    err = lambda v: float(np.sum((x @ w - x @ (v * scale)) ** 2))  # noqa: E731
+    assert err(q) < 0.5 * err(nearest)
+    assert wr.output_error(w, q * scale, {"xx": h}) == pytest.approx(err(q), rel=1e-6)
+    assert np.abs(q.astype(int) - nearest).max() >= 1  # it moved weights off the nearest point
+
+
+def test_gptq_with_uncorrelated_inputs_is_rounding_to_nearest() -> None:
+    """Nothing to compensate through: H diagonal means every row's error stays its own."""
+    _, w, scale = _layer()
+    h = np.diag(np.linspace(1.0, 5.0, w.shape[0]))
+    np.testing.assert_array_equal(wr.gptq_round(w, scale, h), np.clip(np.round(w / scale), -127, 127))
+
+
+def test_gptq_keeps_zero_rows_and_rounds_unreached_rows_to_nearest() -> None:
+    x, w, scale = _layer()
+    w[5] = 0.0  # a channel-split row: its input is clipped by the fixed range and must stay unread
+    x[:, 7] = 0.0  # an input no calibration token reached
+    q = wr.gptq_round(w, scale, x.T @ x)
+    assert not q[5].any()
+    np.testing.assert_array_equal(q[7], np.clip(np.round(w[7] / scale), -127, 127))
+
+
+def test_blocked_updates_give_the_row_by_row_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, w, scale = _layer(k=300, seed=1)
+    blocked = wr.gptq_round(w, scale, x.T @ x)
+    monkeypatch.setattr(wr, "BLOCK", 1)
+    one_by_one = wr.gptq_round(w, scale, x.T @ x)
+    assert np.mean(blocked == one_by_one) >= 0.999  # float ties aside
+
+
+def test_output_error_against_rounded_inputs_is_written_out() -> None:
+    x, w, scale = _layer()
+    lo, hi = float(np.percentile(x, 0.1)), float(np.percentile(x, 99.9))
+    xq = wr.fake_quant_u8(x, lo, hi)
+    assert len(np.unique(np.round((xq - lo) / ((hi - lo) / 255)))) <= 256
+    m = {"xx": x.T @ x, "qq": xq.T @ xq, "qx": xq.T @ x}
+    v = np.round(w / scale) * scale
+    assert wr.output_error(w, v, m) == pytest.approx(float(np.sum((x @ w - xq @ v) ** 2)), rel=1e-6)
+
+
+def test_static_recipe_with_weight_rounding(art_bert: Path, tmp_path: Path) -> None:
+    """The recipe rounds every quantized MatMul's weights, on the quantizer's own grid, records it, and the graph
+    agrees with fp32 at least as closely as the round-to-nearest graph on the calibration set."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    from fastnli.engine.manifest import read_manifest
+    from fastnli.engine.tokenize import PairTokenizer
+    from fastnli.exporter.export import calibration_feeds
+    from fastnli.exporter.precision import INT8_RECIPES, to_int8
+    from fastnli.exporter.probe import probe_pairs
+
+    m = read_manifest(art_bert)
+    feeds = calibration_feeds(PairTokenizer(art_bert / "tokenizer.json"), probe_pairs(), m.inputs, m.pad_token_id)
+    src = art_bert / "model_fp32.onnx"
+    graphs = {}
+    for name in ("static", "static-gptq"):
+        graphs[name] = tmp_path / f"{name}.onnx"
+        got = to_int8(src, graphs[name], INT8_RECIPES[name], feeds)
+    rounding = got["static"]["weight_rounding"]
+    assert rounding["matmuls"] == got["static"]["quantized_matmuls"] > 0 and rounding["inputs"] == "quantized"
+    assert 0 < rounding["output_error_vs_nearest"]["median"] < 1
+    inits = {k: {i.name: numpy_helper.to_array(i) for i in onnx.load(str(g)).graph.initializer}
+             for k, g in graphs.items()}
+    moved = [n for n, a in inits["static"].items() if a.dtype == np.int8 and a.ndim == 2
+             and not np.array_equal(a, inits["static-gptq"][n])]
+    assert len(moved) == rounding["matmuls"]  # same grid (scales), other integers
+    assert all(np.array_equal(inits["static"][n], inits["static-gptq"][n])
+               for n, a in inits["static"].items() if a.dtype != np.int8)
+    ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    sessions = {k: ort.InferenceSession(str(g), providers=["CPUExecutionProvider"]) for k, g in graphs.items()}
+    dp = {k: np.mean([np.abs(s.run(None, f)[0] - ref.run(None, f)[0]).mean() for f in feeds])
+          for k, s in sessions.items()}
+    assert dp["static-gptq"] < dp["static"]
+
+
+def test_weight_rounding_refuses_an_unknown_mode() -> None:
+    with pytest.raises(ValueError, match=re.escape("INT8 weight_rounding {'method': 'gptq', 'damp': 0.01, 'inputs': "
+                                                   "'exact'}: the method is 'gptq', inputs 'float', 'quantized' "
+                                                   "or 'graph'")):
+        wr.round_weights(None, None, [], {"inputs": "exact"}, {})
