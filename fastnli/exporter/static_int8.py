@@ -93,7 +93,7 @@ def quantize_static_int8(model: Any, dst: str | Path, recipe: dict[str, Any], fe
         from fastnli.exporter.weight_rounding import round_weights
 
         rounded = round_weights(written, model, feeds, recipe["weight_rounding"], ranges)
-        if rounded["matmuls"] != len(quantized):
+        if rounded["matmuls"] + rounded["shared_left_nearest"] != len(quantized):
             raise RuntimeError(f"INT8 weight_rounding found {rounded['matmuls']} of the {len(quantized)} quantized "
                                "MatMuls in the written graph")
     onnx.save(written, str(dst))

@@ -11,7 +11,9 @@ its speed do not change; only which integers it holds.
 With ``"inputs": "quantized"`` the target is the fp32 product ``x W`` and the inputs are the activations as the
 INT8 graph rounds them (``x̃``, the fixed ranges of static INT8): the weights first move to the least-squares
 solution of ``x̃ W' ≈ x W``, which also absorbs part of the activation rounding, and are then rounded as above with
-``H = Σ x̃ x̃ᵀ``.
+``H = Σ x̃ x̃ᵀ``. With ``"inputs": "graph"`` the rounded inputs are read from the INT8 graph itself, the MatMuls
+rounded in graph order, so that each also absorbs what the layers before it changed (docs/export.md measures the
+three).
 
 Reduction rows whose weights are all zero (the outlier channels of a channel split, which the fixed range clips)
 stay zero.
@@ -24,7 +26,7 @@ from typing import Any
 import numpy as np
 
 #: The recipe section's defaults: ``damp`` is the share of the mean diagonal of ``H`` added to it (GPTQ's 1%);
-#: ``inputs`` is ``"float"`` (plain GPTQ) or ``"quantized"`` (see the module docstring).
+#: ``inputs`` is ``"float"`` (plain GPTQ), ``"quantized"`` or ``"graph"`` (see the module docstring).
 DEFAULTS: dict[str, Any] = {"method": "gptq", "damp": 0.01, "inputs": "float"}
 #: Rows rounded between two updates of the rest (GPTQ's lazy batch updates: same result, fewer memory passes).
 BLOCK = 128
@@ -136,7 +138,8 @@ def round_weights(written: Any, source: Any, feeds: list[dict[str, np.ndarray]],
     as ``written`` computes them, earlier layers rounded first, so that each layer also absorbs what the layers
     before it changed).
 
-    Returns what to record: the MatMuls rounded and, over them, the median and largest ratio of the output error
+    Returns what to record: the MatMuls rounded, those left rounded to nearest because they share their weights with
+    another quantized MatMul, and, over the rounded ones, the median and largest ratio of the output error
     (:func:`output_error` on the calibration inputs) to round-to-nearest's.
 
     Raises:
@@ -150,8 +153,14 @@ def round_weights(written: Any, source: Any, feeds: list[dict[str, np.ndarray]],
     inits = {i.name: i for i in written.graph.initializer}
     src_inits = {i.name: i for i in source.graph.initializer}
     src_nodes = {n.name: n for n in source.graph.node if n.op_type == "MatMul"}
-    targets = [n for n in written.graph.node  # in graph order: "graph" rounds the earlier layers first
-               if n.op_type == "MatMulIntegerToFloat" and n.name in src_nodes and n.input[1] in inits]
+    quantized = [n for n in written.graph.node  # in graph order: "graph" rounds the earlier layers first
+                 if n.op_type == "MatMulIntegerToFloat" and n.name in src_nodes and n.input[1] in inits]
+    readers: dict[str, int] = {}
+    for n in quantized:
+        readers[n.input[1]] = readers.get(n.input[1], 0) + 1
+    # a weight that two MatMuls read (DeBERTa-v2's projections shared with the position terms) has two inputs to fit:
+    # it keeps the nearest rounding
+    targets = [n for n in quantized if readers[n.input[1]] == 1]
     inputs = {n.name: src_nodes[n.name].input[0] for n in targets}
     mode, damp = spec["inputs"], float(spec["damp"])
     moments: dict[str, dict[str, np.ndarray]] = {}
@@ -197,6 +206,6 @@ def round_weights(written: Any, source: Any, feeds: list[dict[str, np.ndarray]],
         after = output_error(w, q * scale, m)
         ratios.append(after / before if before > 0 else 1.0)
         inits[node.input[1]].CopyFrom(numpy_helper.from_array(q, node.input[1]))
-    return {**spec, "matmuls": len(targets),
+    return {**spec, "matmuls": len(targets), "shared_left_nearest": len(quantized) - len(targets),
             "output_error_vs_nearest": {"median": round(float(np.median(ratios)), 4) if ratios else None,
                                         "max": round(float(np.max(ratios)), 4) if ratios else None}}
