@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +105,9 @@ def test_static_recipe_with_weight_rounding(art: str, inputs: str, request: pyte
     moved = [n for n, a in inits["static"].items() if a.dtype == np.int8 and a.ndim == 2
              and not np.array_equal(a, inits["static-gptq"][n])]
     assert len(moved) == rounding["matmuls"]  # same grid (scales), other integers
+    readers = Counter(n.input[1] for n in onnx.load(str(graphs["static-gptq"])).graph.node
+                      if n.op_type == "MatMulIntegerToFloat")
+    assert rounding["shared_left_nearest"] == sum(c for c in readers.values() if c > 1)
     assert all(np.array_equal(inits["static"][n], inits["static-gptq"][n])
                for n, a in inits["static"].items() if a.dtype != np.int8)
     ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
@@ -121,3 +125,46 @@ def test_weight_rounding_refuses_an_unknown_mode() -> None:
                                                    "'exact'}: the method is 'gptq', inputs 'float', 'quantized' "
                                                    "or 'graph'")):
         wr.round_weights(None, None, [], {"inputs": "exact"}, {})
+
+
+def test_a_weight_two_matmuls_share_keeps_rounding_to_nearest() -> None:
+    """Two MatMuls reading one weight have two inputs to fit: that weight stays rounded to nearest, the other is
+    rounded by GPTQ, and the record says which."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    k, n = 32, 8
+    w_shared, w_own = (rng.standard_normal((k, n)).astype(np.float32) for _ in range(2))
+    ins = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, k]),
+           helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [None, None])]
+    outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, [None, None, n]) for o in ("ya", "yb", "yc")]
+    src_nodes = [helper.make_node("Tanh", ["x"], ["t"]),
+                 helper.make_node("MatMul", ["x", "ws"], ["ya"], name="a"),
+                 helper.make_node("MatMul", ["t", "ws"], ["yb"], name="b"),
+                 helper.make_node("MatMul", ["t", "wo"], ["yc"], name="c")]
+    source = helper.make_model(helper.make_graph(src_nodes, "src", ins, outs, [
+        numpy_helper.from_array(w_shared, "ws"), numpy_helper.from_array(w_own, "wo")]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    scales = {name: np.abs(w).max(0) / 127 for name, w in (("ws", w_shared), ("wo", w_own))}
+    nearest = {name: np.round(w / scales[name]).astype(np.int8) for name, w in (("ws", w_shared), ("wo", w_own))}
+    inits = [numpy_helper.from_array(nearest[name], f"{name}_q") for name in nearest]
+    inits += [numpy_helper.from_array(scales[name].astype(np.float32), f"{name}_s") for name in scales]
+    inits += [numpy_helper.from_array(np.array(0.05, np.float32), "xs"), numpy_helper.from_array(np.array(128, np.uint8), "xz")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("QuantizeLinear", ["t", "xs", "xz"], ["tq"])]
+    for name, a, w in (("a", "xq", "ws"), ("b", "tq", "ws"), ("c", "tq", "wo")):
+        nodes.append(helper.make_node("MatMulIntegerToFloat", [a, f"{w}_q", "xs", f"{w}_s", "xz"], [f"y{name}"],
+                                      name=name, domain="com.microsoft"))
+    written = helper.make_model(helper.make_graph(nodes, "int8", ins, outs, inits),
+                                opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+                                ir_version=8)
+    mix = rng.standard_normal((k, k)) * np.geomspace(1.0, 0.02, k)[:, None]
+    feeds = [{"x": (rng.standard_normal((4, 50, k)) @ mix).astype(np.float32),
+              "attention_mask": np.ones((4, 50), np.int64)} for _ in range(3)]
+    got = wr.round_weights(written, source, feeds, {"inputs": "float"}, {})
+    assert got["matmuls"] == 1 and got["shared_left_nearest"] == 2
+    after = {i.name: numpy_helper.to_array(i) for i in written.graph.initializer}
+    np.testing.assert_array_equal(after["ws_q"], nearest["ws"])
+    assert not np.array_equal(after["wo_q"], nearest["wo"])
+    assert onnx.checker.check_model(written) is None
