@@ -94,8 +94,9 @@ def quantize_static_int8(model: Any, dst: str | Path, recipe: dict[str, Any], fe
 
         rounded = round_weights(written, model, feeds, recipe["weight_rounding"], ranges)
         if rounded["matmuls"] + rounded["shared_left_nearest"] != len(quantized):
-            raise RuntimeError(f"INT8 weight_rounding found {rounded['matmuls']} of the {len(quantized)} quantized "
-                               "MatMuls in the written graph")
+            found = rounded["matmuls"] + rounded["shared_left_nearest"]
+            raise RuntimeError(f"INT8 weight_rounding found {found} of the {len(quantized)} quantized MatMuls in the "
+                               "written graph")
     onnx.save(written, str(dst))
     widest = max(ranges.items(), key=lambda kv: kv[1][1] - kv[1][0])
     return {"quantized_matmuls": len(quantized), "fused_matmuls": fused, "dithered_splits": dithered,
