@@ -21,6 +21,7 @@ stay zero.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -82,6 +83,18 @@ def output_error(w: np.ndarray, v: np.ndarray, m: dict[str, np.ndarray]) -> floa
                  + np.einsum("kn,kj,jn->", v64, qq, v64))
 
 
+def _moments(x: np.ndarray, xq: np.ndarray | None) -> dict[str, np.ndarray]:
+    """The moments of one batch: ``x`` the fp32 inputs, ``xq`` their rounded values or None (both float64)."""
+    parts = {"xx": x.T @ x}
+    if xq is not None:
+        parts.update(qq=xq.T @ xq, qx=xq.T @ x)
+    return parts
+
+
+def _add(sums: dict[str, np.ndarray], parts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return parts if not sums else {k: sums[k] + v for k, v in parts.items()}
+
+
 def second_moments(model: Any, tensors: list[str], feeds: list[dict[str, np.ndarray]],
                    ranges: dict[str, tuple[float, float]] | None = None) -> dict[str, dict[str, np.ndarray]]:
     """Per tensor of ``tensors``, ``{"xx": Σ x xᵀ}`` over the real tokens of ``feeds`` (float64); with ``ranges``
@@ -90,12 +103,8 @@ def second_moments(model: Any, tensors: list[str], feeds: list[dict[str, np.ndar
 
     sums: dict[str, dict[str, np.ndarray]] = {}
     for t, a, _ in activations(model, tensors, feeds):
-        x = a.astype(np.float64)
-        parts = {"xx": x.T @ x}
-        if ranges is not None:
-            xq = fake_quant_u8(a, *ranges[t]).astype(np.float64)
-            parts.update(qq=xq.T @ xq, qx=xq.T @ x)
-        sums[t] = parts if t not in sums else {k: sums[t][k] + v for k, v in parts.items()}
+        xq = None if ranges is None else fake_quant_u8(a, *ranges[t]).astype(np.float64)
+        sums[t] = _add(sums.get(t, {}), _moments(a.astype(np.float64), xq))
     return sums
 
 
@@ -116,15 +125,8 @@ def graph_moments(source: Any, written: Any, x_name: str, node: Any, feeds: list
     sums: dict[str, np.ndarray] = {}
     for (_, a, _), (_, aq, _) in zip(activations(source, [x_name], feeds),
                                       activations(written, [node.input[0]], feeds, onnx.TensorProto.UINT8)):
-        x, xq = a.astype(np.float64), (aq.astype(np.float64) - zero) * scale
-        parts = {"xx": x.T @ x, "qq": xq.T @ xq, "qx": xq.T @ x}
-        sums = parts if not sums else {k: sums[k] + v for k, v in parts.items()}
+        sums = _add(sums, _moments(a.astype(np.float64), (aq.astype(np.float64) - zero) * scale))
     return sums
-
-
-def src_shape(inits: dict[str, Any], matmul: Any) -> tuple[int, ...]:
-    """The shape of ``matmul``'s weight initializer in ``inits`` (name -> TensorProto), read without its data."""
-    return tuple(inits[matmul.input[1]].dims)
 
 
 def round_weights(written: Any, source: Any, feeds: list[dict[str, np.ndarray]], spec: dict[str, Any],
@@ -155,9 +157,7 @@ def round_weights(written: Any, source: Any, feeds: list[dict[str, np.ndarray]],
     src_nodes = {n.name: n for n in source.graph.node if n.op_type == "MatMul"}
     quantized = [n for n in written.graph.node  # in graph order: "graph" rounds the earlier layers first
                  if n.op_type == "MatMulIntegerToFloat" and n.name in src_nodes and n.input[1] in inits]
-    readers: dict[str, int] = {}
-    for n in quantized:
-        readers[n.input[1]] = readers.get(n.input[1], 0) + 1
+    readers = Counter(n.input[1] for n in quantized)
     # a weight that two MatMuls read (DeBERTa-v2's projections shared with the position terms) has two inputs to fit:
     # it keeps the nearest rounding
     targets = [n for n in quantized if readers[n.input[1]] == 1]
@@ -165,17 +165,18 @@ def round_weights(written: Any, source: Any, feeds: list[dict[str, np.ndarray]],
     mode, damp = spec["inputs"], float(spec["damp"])
     moments: dict[str, dict[str, np.ndarray]] = {}
     chunks: list[list[str]] = [[]]  # the inputs, in graph order, in passes of at most MOMENTS_BYTES of moments
+    chunk_of: dict[str, int] = {}
     size = 0
-    parts = 1 if mode == "float" else 3
-    for node in targets:
+    for node in targets if mode != "graph" else []:  # "graph" measures one input at a time
         t = inputs[node.name]
-        if any(t in c for c in chunks):
+        if t in chunk_of:
             continue
-        need = parts * 8 * src_shape(src_inits, src_nodes[node.name])[0] ** 2
+        need = (1 if mode == "float" else 3) * 8 * src_inits[src_nodes[node.name].input[1]].dims[0] ** 2
         if chunks[-1] and size + need > MOMENTS_BYTES:
             chunks.append([])
             size = 0
         chunks[-1].append(t)
+        chunk_of[t] = len(chunks) - 1
         size += need
     ratios = []
     for node in targets:
@@ -191,8 +192,8 @@ def round_weights(written: Any, source: Any, feeds: list[dict[str, np.ndarray]],
             if mode == "graph":  # measured once per input, after the layers before it
                 moments[inputs[name]] = graph_moments(source, written, inputs[name], node, feeds)
             else:
-                chunk = next(c for c in chunks if inputs[name] in c)
-                moments = second_moments(source, chunk, feeds, ranges if mode == "quantized" else None)
+                moments = second_moments(source, chunks[chunk_of[inputs[name]]], feeds,
+                                         ranges if mode == "quantized" else None)
         m = moments[inputs[name]]
         target = w
         if mode != "float":  # least squares x̃ W' ≈ x W on the rows that stay free (zero rows stay zero)

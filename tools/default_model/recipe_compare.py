@@ -48,8 +48,7 @@ def main() -> None:
     ap.add_argument("--calibration-pairs", type=int, default=ship.CALIBRATION_PAIRS)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    ship.CALIBRATION_PAIRS = args.calibration_pairs
-    pairs = ship.calibration_pairs(args.data)
+    pairs = ship.calibration_pairs(args.data, args.calibration_pairs)
     splits = ship.load_splits(args.data, SPLITS)
     gold = {s: np.array([ship.LABELS.index(r["label"]) for r in rows]) for s, rows in splits.items()}
     results: dict[str, Any] = {"checkpoint": str(args.checkpoint), "recipe": args.recipe,
@@ -58,18 +57,18 @@ def main() -> None:
     fp32: dict[str, np.ndarray] = {}
     for spec in args.variant:
         name, _, text = spec.partition("=")
+        update = json.loads(text or "{}")
         art = args.out / name
         t0 = time.perf_counter()
         manifest = export(args.checkpoint, art, precisions=("fp32", "int8"),
-                          int8_recipe={**ship.RECIPES[args.recipe], **json.loads(text or "{}")},
-                          calibration_pairs=pairs)
+                          int8_recipe={**ship.RECIPES[args.recipe], **update}, calibration_pairs=pairs)
         export_s = time.perf_counter() - t0
         if not fp32:
             ref = NLIEngine(art, device="cpu", precision="fp32")
             fp32 = {s: score(ref, rows)[0] for s, rows in splits.items()}
             results["fp32_accuracy"] = {s: round(float(np.mean(fp32[s].argmax(1) == gold[s])), 4) for s in splits}
         int8 = NLIEngine(art, device="cpu", precision="int8")
-        row: dict[str, Any] = {"recipe_update": json.loads(text or "{}"), "export_s": round(export_s, 1),
+        row: dict[str, Any] = {"recipe_update": update, "export_s": round(export_s, 1),
                                "weight_rounding": manifest.precisions["int8"].recipe["static"].get("weight_rounding")
                                if "static" in manifest.precisions["int8"].recipe else None}
         for s, rows in splits.items():

@@ -66,14 +66,14 @@ SHIPPED_SOURCE = "fastnli default model (all-MiniLM-L6-v2 fine-tuned by tools/de
 CALIBRATION_PAIRS = 2048  # licensed training pairs (numpy default_rng(0)) the calibrating INT8 recipes measure on
 
 
-def calibration_pairs(data: Path) -> list[tuple[str, str]]:
-    """The INT8 calibration set, from the data the shipped model may train on (never lingnli): half SNLI-style
-    pairs of ``train.jsonl``, half ``mnli/dev_matched`` pairs (longer, multi-genre text), drawn with numpy
-    default_rng(0)."""
+def calibration_pairs(data: Path, count: int = CALIBRATION_PAIRS) -> list[tuple[str, str]]:
+    """The INT8 calibration set of ``count`` pairs, from the data the shipped model may train on (never lingnli):
+    half SNLI-style pairs of ``train.jsonl``, half ``mnli/dev_matched`` pairs (longer, multi-genre text), drawn with
+    numpy default_rng(0)."""
     train = [json.loads(x) for x in (data / "train.jsonl").read_text().splitlines()]
     pools = [[r for r in train if not r["source"].startswith("lingnli")], load(data, "mnli/dev_matched")]
     rng = np.random.default_rng(0)
-    half = CALIBRATION_PAIRS // 2
+    half = count // 2
     return [(p[i]["premise"], p[i]["hypothesis"]) for p in pools for i in rng.choice(len(p), half, replace=False)]
 
 
