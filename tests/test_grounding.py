@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import torch_probs
-from test_windows import HYPOTHESIS, NEEDLE, long_premise
+from test_windows import HYPOTHESIS, NEEDLE, deciding_row, long_premise
 
 import fastnli
 from fastnli.calm import AnswerInput, CheckConfig, Document, alce_citations, check_answers
@@ -19,6 +19,7 @@ from fastnli.calm.documents import premise_text
 from fastnli.calm.grounding import finish_grounding, plan_grounding
 from fastnli.cli import main
 from fastnli.engine import NLIEngine
+from fastnli.engine.windows import WindowPolicy
 from fastnli.exporter import export
 from fastnli.exporter.checkpoint import build_checkpoint
 
@@ -49,8 +50,12 @@ def engine(art_v1: Path) -> NLIEngine:
     return NLIEngine.from_pretrained(art_v1, device="cpu", precision="fp32")
 
 
+@pytest.mark.parametrize("contradiction", [None, 0.0])
 @pytest.mark.parametrize("granularity", ["window", "sentence"])
-def test_matrix_equals_per_pair_predict_and_summac_zs_its_formula(engine: NLIEngine, granularity: str) -> None:
+def test_matrix_equals_per_pair_predict_and_summac_zs_its_formula(art_v1: Path, granularity: str,
+                                                                  contradiction: float | None) -> None:
+    engine = NLIEngine.from_pretrained(art_v1, device="cpu", precision="fp32",
+                                       window_policy=WindowPolicy(contradiction_threshold=contradiction))
     counting = CountingEngine(engine)
     docs = [*DOCS, {"title": "Long", "text": long_premise(120)}]
     r = fastnli.grounding(STATEMENTS, docs, counting, granularity=granularity)  # type: ignore[arg-type]
@@ -72,7 +77,7 @@ def test_matrix_equals_per_pair_predict_and_summac_zs_its_formula(engine: NLIEng
         scores = [float(r.probs[s, u, 2] - r.probs[s, u, 0]) for u in range(U)]
         summac.append(max(scores))
         ent = [float(r.probs[s, u, 2]) for u in range(U)]
-        best = ent.index(max(ent))
+        best = deciding_row(r.probs[s], r.threshold, contradiction)
         assert r.best_source[s] == best and r.entailment[s] == pytest.approx(max(ent), abs=0)
         assert r.contradiction is not None and r.contradiction[s] == pytest.approx(float(r.probs[s, best, 0]), abs=0)
         assert bool(r.supported[s]) == (max(ent) > 0.5)

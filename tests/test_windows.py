@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from fastnli.engine import BatchPolicy, NLIEngine
 from fastnli.engine.sentences import sentence_spans
-from fastnli.engine.windows import WindowPolicy, window_ranges
+from fastnli.engine.windows import WindowPolicy, deciding_rows, window_ranges
 from fastnli.exporter.checkpoint import corpus
 
 NEEDLE = "The old bridge was painted blue during the summer."
@@ -29,6 +29,18 @@ def long_premise(n_before: int, n_after: int = 10, seed: int = 7) -> str:
     before = [rng.choice(filler) for _ in range(n_before)]
     after = [rng.choice(filler) for _ in range(n_after)]
     return " ".join([*before, NEEDLE, *after])
+
+
+def deciding_row(rows: np.ndarray, support: float = 0.5, contradiction: float | None = None) -> int:
+    """The aggregation rule written out: the best-entailment row when it is support, else the most contradicting
+    row when it contradicts (three-way rows), else the best-entailment row; the first row on ties."""
+    ent = [float(r[-1]) for r in rows]
+    best = ent.index(max(ent))
+    if ent[best] > support or contradiction is None or len(rows[0]) != 3:
+        return best
+    con = [float(r[0]) for r in rows]
+    worst = con.index(max(con))
+    return worst if con[worst] > contradiction else best
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +59,10 @@ def _tokens(engine: NLIEngine, text: str) -> int:
     return len(engine.window_planner.tokenizer.encode_texts([text])[0].ids)
 
 
-def test_needle_past_the_cut_is_read_with_chunking(engine_one_row: NLIEngine) -> None:
+@pytest.mark.parametrize("contradiction", [None, 0.0])
+def test_needle_past_the_cut_is_read_with_chunking(engine_one_row: NLIEngine, contradiction: float | None) -> None:
     engine = engine_one_row
+    engine.window_planner.policy = WindowPolicy(contradiction_threshold=contradiction)
     premise = long_premise(120)
     assert premise.index(NEEDLE) > 0 and _tokens(engine, premise[:premise.index(NEEDLE)]) > 600  # past the cut
     cut = engine.predict_detailed([(premise, HYPOTHESIS)], long_premise="truncate")
@@ -60,8 +74,8 @@ def test_needle_past_the_cut_is_read_with_chunking(engine_one_row: NLIEngine) ->
     assert not got.truncated[0] and got.num_windows[0] == len(windows) > 1
     assert any(NEEDLE in w for w in windows)
     per_window = engine.predict([(w, HYPOTHESIS) for w in windows])
-    best = int(np.argmax(per_window[:, -1]))
-    # the aggregate is exactly the best window's row, and that row is exactly predict on the window alone
+    best = deciding_row(per_window, 0.5, contradiction)
+    # the aggregate is exactly the deciding window's row, and that row is exactly predict on the window alone
     assert got.best_window[0] == best
     assert np.array_equal(got.probs[0], per_window[best])
     assert np.array_equal(got.probs[0], engine.predict((windows[best], HYPOTHESIS)))
@@ -73,11 +87,13 @@ def test_needle_past_the_cut_is_read_with_chunking(engine_one_row: NLIEngine) ->
 
 def test_needle_window_equals_the_needle_alone(art_v1: Path) -> None:
     """Windows as small as the needle sentence: the needle's window is the needle itself, so the chunked result's
-    entailment is at least the needle-alone pair's, with the needle-alone probabilities among the windows' rows."""
+    entailment is at least the needle-alone pair's (the best-entailment window decides, with the contradiction rule
+    off), with the needle-alone probabilities among the windows' rows."""
     engine = NLIEngine.from_pretrained(art_v1, device="cpu", precision="fp32",
                                        batch_policy=BatchPolicy(max_batch_size=1))
     size = _tokens(engine, NEEDLE)
-    engine.window_planner.policy = WindowPolicy(overlap_tokens=0, min_window_tokens=size, max_window_tokens=size)
+    engine.window_planner.policy = WindowPolicy(overlap_tokens=0, min_window_tokens=size, max_window_tokens=size,
+                                                contradiction_threshold=None)
     premise = long_premise(150)
     windows = engine.windows(premise, HYPOTHESIS)
     assert NEEDLE in windows
@@ -162,6 +178,62 @@ def test_bad_long_premise_is_refused(engine: NLIEngine) -> None:
         engine.predict([("a", "b")], long_premise="window")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=re.escape("max_window_tokens=8 must be >= min_window_tokens=32")):
         WindowPolicy(max_window_tokens=8)
+    with pytest.raises(ValueError, match=re.escape("contradiction_threshold=1.5 must be within [0, 1] (or None)")):
+        WindowPolicy(contradiction_threshold=1.5)
+
+
+UNRELATED = [0.10, 0.80, 0.10]
+CONTRADICTS = [0.90, 0.08, 0.02]
+SUPPORTS = [0.05, 0.15, 0.80]
+WEAK = [0.30, 0.30, 0.40]
+
+
+@pytest.mark.parametrize("windows, contradiction, expected", [
+    ([UNRELATED, CONTRADICTS], 0.5, 1),   # nothing supports: the contradicting window decides
+    ([UNRELATED, CONTRADICTS], None, 0),  # the rule off: the best-entailment window, whatever else is read
+    ([CONTRADICTS, SUPPORTS], 0.5, 1),    # support wins over a contradiction elsewhere
+    ([WEAK, CONTRADICTS], 0.5, 1),        # 0.40 is not support
+    ([WEAK, CONTRADICTS], 0.95, 0),       # 0.90 is not above the contradiction bar
+    ([UNRELATED, UNRELATED], 0.5, 0),     # ties: the first
+])
+def test_the_deciding_window(windows: list[list[float]], contradiction: float | None, expected: int) -> None:
+    probs = np.array(windows, dtype=np.float32)
+    assert deciding_rows(probs, np.array([0, len(windows)]), 0.5, contradiction).tolist() == [expected]
+    # a 2-way head has no contradiction column: the best-entailment window always
+    two_way = np.stack([1 - probs[:, -1], probs[:, -1]], axis=1)
+    assert deciding_rows(two_way, np.array([0, len(windows)]), 0.5, contradiction).tolist() == [
+        int(np.argmax(probs[:, -1]))]
+
+
+def test_the_plan_aggregates_with_its_policy(engine: NLIEngine) -> None:
+    """The engine's planner hands its policy to the plan, whose rows follow the policy's bars."""
+    pairs = [(long_premise(120), HYPOTHESIS), ("A short premise.", HYPOTHESIS)]
+    for bar in (None, 0.5):
+        engine.window_planner.policy = WindowPolicy(contradiction_threshold=bar)
+        try:
+            plan = engine.window_planner.plan([p for p, _ in pairs], [h for _, h in pairs])
+        finally:
+            engine.window_planner.policy = WindowPolicy()
+        assert plan.policy.contradiction_threshold == bar and plan.num_windows.tolist()[1] == 1
+        n = int(plan.num_windows[0])
+        probs = np.array([UNRELATED] * n + [SUPPORTS], dtype=np.float32)
+        probs[n - 1] = CONTRADICTS  # the last window contradicts, the others say nothing
+        rows, best = plan.aggregate(probs)
+        assert best.tolist() == [n - 1 if bar is not None else 0, -1]
+        assert rows[0].tolist() == probs[best[0]].tolist() and rows[1].tolist() == probs[n].tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 8), st.integers(0, 8), st.integers(0, 8)), min_size=1, max_size=6),
+                min_size=1, max_size=8),
+       st.sampled_from([0.0, 0.3, 0.5, 0.7, 1.0]), st.sampled_from([None, 0.0, 0.4, 0.5, 0.8]))
+def test_deciding_rows_is_the_rule_written_out(groups: list[list[tuple[int, int, int]]], support: float,
+                                               contradiction: float | None) -> None:
+    rows = [np.array(g, dtype=np.float64) + 1e-9 for g in groups]  # coarse values: ties are common
+    rows = [g / g.sum(axis=1, keepdims=True) for g in rows]
+    starts = np.concatenate([[0], np.cumsum([len(g) for g in rows])])
+    got = deciding_rows(np.concatenate(rows), starts, support, contradiction)
+    assert (got - starts[:-1]).tolist() == [deciding_row(g, support, contradiction) for g in rows]
 
 
 @settings(max_examples=300, deadline=None)

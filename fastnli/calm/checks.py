@@ -37,8 +37,9 @@ is reported beside it and decides nothing.
 
 **Long premises** (``CheckConfig.long_premise``, default ``"chunk"``): with an engine that has a tokenizer
 (:class:`~fastnli.NLIEngine`), a pair longer than the model limit (512 tokens) is read in overlapping
-sentence-aligned windows and takes the row of the window with the highest P(entailment)
-(:mod:`fastnli.engine.windows`); ``citation_window`` names it. All windows of all documents and statements go through
+sentence-aligned windows and takes the row of the window that decides it (the highest P(entailment); with a window
+policy that names a contradiction bar, the most contradicting window when none supports: :mod:`fastnli.engine.windows`);
+``citation_window`` names it. All windows of all documents and statements go through
 the same engine pass. ``"truncate"`` cuts such pairs ``longest_first`` instead. Either way, a pair the model reads cut
 is flagged (the statement's ``truncated``, the answer's ``truncated_pairs`` and ``truncated_documents``) and logged
 once per pass; with an engine that cannot tokenize (a stub), the flags come from the token estimate of
@@ -133,7 +134,7 @@ class CheckConfig:
 
     def entails(self, probs: np.ndarray, windowed: bool = False) -> bool:
         """The entailment decision for one probability row, entailment last (3-way or 2-way head); ``windowed``:
-        the row is the best window's of a premise read in windows."""
+        the row is the deciding window's of a premise read in windows."""
         if self.entailment_rule == "argmax":
             return int(np.argmax(probs)) == len(probs) - 1
         bar = self.window_entailment_threshold if windowed else None
@@ -546,7 +547,7 @@ def _finish_answer(ap: _AnswerPlan, probs: np.ndarray, best_window: np.ndarray, 
                      "truncated by the engine (longest_first)")
     if chunked_pairs:
         notes.append(f"{chunked_pairs} NLI pair(s) over the model limit of {max_length} tokens were read in windows "
-                     "(the best window's probabilities count)")
+                     "(the deciding window's probabilities count)")
     if not three_way and ap.verifier_sentences is not None:
         notes.append("the NLI model has a 2-way head: contradiction is not checked")
     if config.check_citations:

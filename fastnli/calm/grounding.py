@@ -12,8 +12,12 @@ max-over-sources aggregate, from one engine pass.
 **Scores**, with ``P`` the ``(statements, sources, labels)`` probability tensor and ``e``, ``c`` its entailment and
 contradiction planes:
 
-- ``entailment[s] = max_u e[s, u]`` with ``best_source[s]`` its argmax (the first on ties) and ``contradiction[s] =
-  c[s, best_source[s]]``, the rule of ``long_premise="chunk"``; ``supported[s] = entailment[s] > threshold``;
+- ``entailment[s] = max_u e[s, u]``; ``best_source[s]`` is the source that decides the statement, by the rule of
+  ``long_premise="chunk"`` (:func:`fastnli.engine.windows.deciding_rows`): the argmax of ``e[s]`` (the first on ties)
+  when that entailment is above ``threshold``, else, when the engine's window policy names a
+  ``contradiction_threshold`` and some ``c[s, u]`` is above it, the argmax of ``c[s]``, else the argmax of ``e[s]``;
+  ``contradiction[s] =
+  c[s, best_source[s]]``; ``supported[s] = entailment[s] > threshold``;
   ``score = mean_s entailment[s]`` (the aggregate). The default threshold is 0.5 for documents read as one source
   and the engine's window threshold (:attr:`~fastnli.engine.windows.WindowPolicy.entailment_threshold`, which the
   embedded default model's manifest names; else 0.5) for several, since the max over many sources runs high on unrelated text.
@@ -40,7 +44,7 @@ from fastnli.calm.statements import split_statements
 from fastnli.engine.labels import CANONICAL_LABELS, CONTRADICTION, ENTAILMENT_COLUMN
 from fastnli.engine.protocol import EngineLike
 from fastnli.engine.sentences import sentence_spans
-from fastnli.engine.windows import window_threshold
+from fastnli.engine.windows import WindowPolicy, deciding_rows, window_threshold
 from fastnli.scorers.units import align_units, model_aligns_units, resolve_align_units
 
 __all__ = ["GroundingPlan", "GroundingResult", "finish_grounding", "grounding", "plan_grounding"]
@@ -123,6 +127,7 @@ class GroundingPlan:
     granularity: str
     threshold: float
     align_units: bool = False
+    contradiction_threshold: float | None = WindowPolicy().contradiction_threshold
 
     @functools.cached_property
     def pairs(self) -> list[tuple[str, str]]:
@@ -192,7 +197,8 @@ def plan_grounding(statements: str | Sequence[str], documents: Sequence[Any], en
     if threshold is None:
         threshold = _default_threshold(engine, len(sources))
     aligned = resolve_align_units(align_units, model_aligns_units(engine))
-    return GroundingPlan(texts, sources, owners, granularity, threshold, aligned)
+    policy = getattr(getattr(engine, "window_planner", None), "policy", None) or WindowPolicy()
+    return GroundingPlan(texts, sources, owners, granularity, threshold, aligned, policy.contradiction_threshold)
 
 
 def finish_grounding(plan: GroundingPlan, probs: np.ndarray, labels: Sequence[str] = CANONICAL_LABELS
@@ -211,9 +217,12 @@ def finish_grounding(plan: GroundingPlan, probs: np.ndarray, labels: Sequence[st
                          "(source, statement) pair")
     P = probs.reshape(n_s, n_u, len(labels))
     e = P[:, :, ENTAILMENT_COLUMN]
-    best = e.argmax(axis=1) if n_u else np.full(n_s, -1, dtype=np.int64)
     rows = np.arange(n_s)
-    entailment = e[rows, best].astype(np.float32)
+    if n_u:
+        best = deciding_rows(probs, np.arange(n_s + 1) * n_u, plan.threshold, plan.contradiction_threshold) - rows * n_u
+    else:
+        best = np.full(n_s, -1, dtype=np.int64)
+    entailment = e.max(axis=1).astype(np.float32) if n_u else np.zeros(n_s, dtype=np.float32)
     three_way = tuple(labels) == CANONICAL_LABELS
     contradiction = summac_zs = None
     summac = None

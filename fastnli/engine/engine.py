@@ -105,9 +105,9 @@ class Predictions:
 
     Attributes:
         probs: float32 ``(N, k)`` probabilities in the order of :attr:`NLIEngine.labels` (entailment last); a
-            chunked pair's row is its best window's (:mod:`fastnli.engine.windows`).
-        best_window: int64 ``(N,)``: index of the best window (:meth:`NLIEngine.windows` lists them), -1 for a pair
-            read whole.
+            chunked pair's row is its deciding window's (:func:`fastnli.engine.windows.deciding_rows`).
+        best_window: int64 ``(N,)``: index of the deciding window (:meth:`NLIEngine.windows` lists them), -1 for a
+            pair read whole.
         num_windows: int64 ``(N,)``: windows read (1 for a pair read whole).
         truncated: bool ``(N,)``: the model read the pair cut to ``max_length`` tokens.
         tokens: int64 ``(N,)``: the whole pair's tokens, special tokens included.
@@ -497,7 +497,8 @@ class NLIEngine:
             long_premise: what happens to a pair longer than the model maximum (``manifest.max_length``, 512):
                 ``"truncate"`` (default) cuts it ``longest_first``, reported in :attr:`last_stats` and one log
                 warning; ``"chunk"`` reads the premise in overlapping sentence-aligned windows and returns the row of
-                the window with the highest P(entailment) (:mod:`fastnli.engine.windows`).
+                the window that decides it (the highest P(entailment), or by the window policy's contradiction
+                bar the most contradicting: :mod:`fastnli.engine.windows`).
 
         Returns:
             float32 array ``(N, 3)`` (``(3,)`` for a single pair) of probabilities in the order

@@ -13,11 +13,22 @@ for DeBERTa), counted by the model's own tokenizer. What happens to a pair that 
   the budget is cut at token boundaries. Every window is checked with a real encode and the plan is redone with a
   smaller budget if a cut text tokenizes longer than its share. Each (window, hypothesis) is one model pair.
 
-**Aggregation** (:meth:`PairWindows.aggregate`): a chunked pair's probabilities are those of its *best window*, the
-window with the highest P(entailment) (the first one on ties): entailment is the max over windows, and contradiction
-and neutral are the best window's, so the row still sums to 1. The best window's index is reported. The max of
-several windows' scores runs higher than one reading's on text that says nothing about the hypothesis, so a policy
-may name the P(entailment) a premise read in windows needs to count as support
+**Aggregation** (:meth:`PairWindows.aggregate`, :func:`deciding_rows`): a chunked pair's probabilities are those
+of one of its windows, so the row still sums to 1, and that window's index is reported. A premise supports the
+hypothesis when some window does, contradicts it when none supports it and some window contradicts it, and is
+neutral otherwise:
+
+- the *best window* is the one with the highest P(entailment) (the first on ties); when its P(entailment) is above
+  the support threshold (:attr:`WindowPolicy.entailment_threshold`, else 0.5), its row is the pair's: entailment is
+  the max over windows;
+- else, with a three-way head, the window with the highest P(contradiction) (the first on ties) gives the row when
+  that P(contradiction) is above :attr:`WindowPolicy.contradiction_threshold` (default None: this step is off; a
+  model's manifest may name the bar it reads documents better with);
+- else the best window's row.
+
+A contradicting sentence in one window is thus not hidden behind an unrelated window that happens to read a little
+more entailing. The max of several windows' scores runs higher than one reading's on text that says nothing about the
+hypothesis, so a policy may name the P(entailment) a premise read in windows needs to count as support
 (:attr:`WindowPolicy.entailment_threshold`; the CaLM checks and :func:`fastnli.grounding` apply it).
 
 **The model's policy**: an artifact whose manifest names a ``window_policy`` (the embedded default model's is chosen
@@ -39,11 +50,14 @@ import numpy as np
 from fastnli.engine.sentences import sentence_spans
 from fastnli.engine.tokenize import PairTokenizer
 
-__all__ = ["LONG_PREMISE_MODES", "LongPremise", "PairWindows", "WindowPlanner", "WindowPolicy", "check_long_premise",
-           "window_threshold"]
+__all__ = ["DEFAULT_SUPPORT_THRESHOLD", "LONG_PREMISE_MODES", "LongPremise", "PairWindows", "WindowPlanner",
+           "WindowPolicy", "check_long_premise", "deciding_rows", "window_threshold"]
 
 LongPremise = Literal["chunk", "truncate"]
 LONG_PREMISE_MODES: tuple[str, ...] = ("chunk", "truncate")
+
+#: The P(entailment) above which a window counts as support when a policy names no ``entailment_threshold``.
+DEFAULT_SUPPORT_THRESHOLD = 0.5
 
 #: Re-plans of one premise with a smaller budget when a window's text tokenizes longer than planned.
 _MAX_REPLANS = 4
@@ -70,13 +84,18 @@ class WindowPolicy:
             with a cap, ``"chunk"`` also cuts premises that would fit the model but exceed the cap.
         entailment_threshold: the P(entailment) above which a premise read in several windows (or a statement read
             against several sources) counts as support, in [0, 1] (default None: the caller's own threshold, as for
-            a premise read whole).
+            a premise read whole); the aggregation's support bar is this, else 0.5.
+        contradiction_threshold: with a three-way head, when no window of a premise is above the support bar, the
+            window with the highest P(contradiction) gives the pair's row if that P(contradiction) is above this, in
+            [0, 1] (default None: the best-entailment window's row always; a model's manifest names the bar it was
+            measured to read better with).
     """
 
     overlap_tokens: int = 64
     min_window_tokens: int = 32
     max_window_tokens: int | None = None
     entailment_threshold: float | None = None
+    contradiction_threshold: float | None = None
 
     def __post_init__(self) -> None:
         if self.overlap_tokens < 0:
@@ -86,8 +105,15 @@ class WindowPolicy:
         if self.max_window_tokens is not None and self.max_window_tokens < self.min_window_tokens:
             raise ValueError(f"max_window_tokens={self.max_window_tokens} must be >= min_window_tokens="
                              f"{self.min_window_tokens} (or None)")
-        if self.entailment_threshold is not None and not 0.0 <= self.entailment_threshold <= 1.0:
-            raise ValueError(f"entailment_threshold={self.entailment_threshold} must be within [0, 1] (or None)")
+        for name in ("entailment_threshold", "contradiction_threshold"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name}={value} must be within [0, 1] (or None)")
+
+    @property
+    def support_threshold(self) -> float:
+        """The aggregation's support bar: :attr:`entailment_threshold`, else :data:`DEFAULT_SUPPORT_THRESHOLD`."""
+        return DEFAULT_SUPPORT_THRESHOLD if self.entailment_threshold is None else self.entailment_threshold
 
     @classmethod
     def from_manifest(cls, value: object, where: str = "manifest window_policy") -> WindowPolicy:
@@ -146,6 +172,37 @@ def window_ranges(units: Sequence[tuple[int, int]], budget: int, overlap_tokens:
     return windows
 
 
+def deciding_rows(probs: np.ndarray, starts: np.ndarray, support_threshold: float = DEFAULT_SUPPORT_THRESHOLD,
+                  contradiction_threshold: float | None = None) -> np.ndarray:
+    """Per group of rows ``probs[starts[i]:starts[i + 1]]`` (each group non-empty), the index into ``probs`` of the
+    row that speaks for the group: the highest P(entailment) (last column) when it is above ``support_threshold``;
+    else, with three columns (contradiction first) and ``contradiction_threshold`` not None, the highest
+    P(contradiction) when it is above ``contradiction_threshold``; else the highest P(entailment). Ties go to the
+    first row.
+
+    Args:
+        probs: ``(rows, k)`` probabilities, entailment in the last column.
+        starts: int ``(groups + 1,)`` row offsets, increasing, ``starts[-1] == rows``.
+        support_threshold, contradiction_threshold: the bars above (P, in [0, 1]).
+
+    Returns:
+        int64 ``(groups,)``.
+    """
+    probs = np.asarray(probs)
+    starts = np.asarray(starts, dtype=np.int64)
+    counts = np.diff(starts)
+    if (counts < 1).any():
+        raise ValueError("every group needs at least one row")
+    owner = np.repeat(np.arange(len(counts)), counts)
+    first = starts[:-1]
+    best = np.lexsort((-probs[:, -1], owner))[first]  # per group, highest entailment first (stable: first row)
+    if contradiction_threshold is None or probs.shape[1] != 3:
+        return best
+    worst = np.lexsort((-probs[:, 0], owner))[first]
+    contradicts = (probs[best, -1] <= support_threshold) & (probs[worst, 0] > contradiction_threshold)
+    return np.where(contradicts, worst, best)
+
+
 @dataclass
 class PairWindows:
     """The model pairs of N (premise, hypothesis) pairs, long premises expanded into windows.
@@ -159,6 +216,7 @@ class PairWindows:
             a hypothesis that leaves too little room for windows).
         tokens: int64 ``(N,)``: the whole pair's tokens, special tokens included.
         long_premise: the mode that made the plan.
+        policy: the window policy that made it (its thresholds decide :meth:`aggregate`).
     """
 
     pairs: list[tuple[str, str]]
@@ -167,6 +225,7 @@ class PairWindows:
     truncated: np.ndarray
     tokens: np.ndarray
     long_premise: str
+    policy: WindowPolicy = WindowPolicy()
 
     def __len__(self) -> int:
         return len(self.chunked)
@@ -181,7 +240,8 @@ class PairWindows:
         return [p for p, _ in self.pairs[int(self.starts[i]):int(self.starts[i + 1])]]
 
     def aggregate(self, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per input pair, the row of its best window (highest P(entailment), the last column; first on ties).
+        """Per input pair, the row of the window that decides it (:func:`deciding_rows` with :attr:`policy`'s
+        thresholds; the module docstring states the rule).
 
         Args:
             probs: ``(len(pairs), k)`` probabilities of the model pairs, entailment in the last column.
@@ -196,9 +256,7 @@ class PairWindows:
         best = np.full(n, -1, dtype=np.int64)
         if len(self.pairs) == n:  # nothing expanded
             return probs, best
-        owner = np.repeat(np.arange(n), self.num_windows)
-        order = np.lexsort((-probs[:, -1], owner))  # per owner, highest entailment first (stable: first window)
-        top = order[self.starts[:-1]]
+        top = deciding_rows(probs, self.starts, self.policy.support_threshold, self.policy.contradiction_threshold)
         best[self.chunked] = (top - self.starts[:-1])[self.chunked]
         return probs[top], best
 
@@ -278,7 +336,7 @@ class WindowPlanner:
             chunked = need & (budgets >= self.policy.min_window_tokens)
         if not chunked.any():
             return PairWindows(list(zip(premises, hypotheses)), np.arange(n + 1, dtype=np.int64), chunked, over,
-                               tokens, long_premise)
+                               tokens, long_premise, self.policy)
         pairs: list[tuple[str, str]] = []
         starts = np.zeros(n + 1, dtype=np.int64)
         truncated = over & ~chunked
@@ -294,4 +352,4 @@ class WindowPlanner:
             else:
                 pairs.append((p, h))
             starts[i + 1] = len(pairs)
-        return PairWindows(pairs, starts, chunked, truncated, tokens, long_premise)
+        return PairWindows(pairs, starts, chunked, truncated, tokens, long_premise, self.policy)
