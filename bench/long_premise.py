@@ -244,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
             "model": str(chunk.manifest.source), "device": chunk.device,
             "precision": chunk.precision, "queries": args.queries, "depths": depths,
             "window_policy": {"max_window_tokens": policy.max_window_tokens,
-                              "entailment_threshold": policy.entailment_threshold},
+                              "entailment_threshold": policy.entailment_threshold,
+                              "contradiction_threshold": policy.contradiction_threshold},
             "window_threshold": policy.entailment_threshold or 0.5}
     text = markdown(needle, calm, depths, meta)
     sys.stdout.write(text)

@@ -130,18 +130,21 @@ def test_info_says_why_fp32_over_int8(art_int8_below_gate: Path, capsys: pytest.
 
 
 def test_info_names_the_embedded_models_gate(capsys: pytest.CaptureFixture[str]) -> None:
-    """The embedded model's precision, window policy (its manifest's: ``window_choice`` may move the threshold) and
-    scorer inputs, each with where it comes from."""
+    """The embedded model's precision, window policy (its manifest's: ``window_choice`` and ``contradiction_choice``
+    may move the thresholds) and scorer inputs, each with where it comes from."""
     policy = read_manifest(DEFAULT_MODEL_DIR).window_policy
     assert policy is not None and policy["max_window_tokens"] == 128
+    bar = policy.get("contradiction_threshold")
+    rows = "the best-entailment window's" + ("" if bar is None else ", or when none supports the most contradicting "
+                                            f"one's with P(contradiction) > {bar}")
     code, out, _ = _run_cli(["info", "--device", "cpu"], capsys)
     assert code == 0
     assert out.endswith("precision int8: the embedded model's shipped precision (quality gate: "
                         "tools/default_model/quality.json / MODEL_CARD.md)\nlong documents (CaLM, ALCE, grounding, "
                         "long_premise='chunk'): windows of at most 128 tokens, 64 tokens of overlap; support when read "
-                        f"in windows: P(entailment) > {policy['entailment_threshold']:g} (the manifest's window "
-                        "policy)\nscorer inputs by default: question-aware yes, units aligned yes (the manifest's "
-                        "question_format and align_units)\n")
+                        f"in windows: P(entailment) > {policy['entailment_threshold']:g}; three-way row: {rows} (the "
+                        "manifest's window policy)\nscorer inputs by default: question-aware yes, units aligned yes "
+                        "(the manifest's question_format and align_units)\n")
 
 
 def test_int8_below_the_gate_warns(art_int8_below_gate: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -300,3 +300,28 @@ def test_weights_delta_round_trip_is_within_float16_rounding_and_refuses_another
     save_file({k: v + 1 for k, v in base.items()}, tmp_path / "base" / "model.safetensors")
     with pytest.raises(ValueError, match=r"but the difference was taken from .*: rebuild that base first"):
         weights_delta.apply(tmp_path / "base", tmp_path / "parts", tmp_path / "other")
+
+
+def _contradiction_table(scores: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    """A contradiction_choice table of two depths whose cells give each bar (accuracy, neutral kept)."""
+    def cell(acc: float, kept: float) -> dict[str, Any]:
+        return {"accuracy": acc, "neutral_kept": kept, "read_as_contradiction": 1 - kept, "kept": {}}
+    return {"pairs": 90, "alone_accuracy": 0.9,
+            "depths": {d: {"windows": 1.0, "bars": {b: cell(*v) for b, v in scores.items()}} for d in ("0", "4000")}}
+
+
+def test_contradiction_choice_takes_the_best_mean_of_accuracy_and_neutral_kept() -> None:
+    from tools.default_model import contradiction_choice as cc
+
+    flat = {str(b): (0.7, 0.8) for b in cc.BARS}
+    assert cc.choose(_contradiction_table(flat)) is None  # a tie keeps the best-entailment window
+    better = {**flat, "0.5": (0.9, 0.7), "0.9": (0.85, 0.75)}  # 0.8 vs 0.8: the higher bar on a tie
+    assert cc.choose(_contradiction_table(better)) == 0.9
+    assert cc.score(_contradiction_table(better), 0.5) == pytest.approx(0.8)
+    worse = {**flat, "0.5": (0.9, 0.6)}  # more contradictions found, more unrelated documents read as contradiction
+    assert cc.choose(_contradiction_table(worse)) is None
+    q = {"window_contradiction": {"choice": 0.9, "rule": cc.RULE, "dev": _contradiction_table(better),
+                                  "test": _contradiction_table(better)}}
+    text = ship.contradiction_text(q)
+    assert "P(contradiction) is above 0.9" in text and "| 4000 | 0.700 / 0.800 | 0.850 / 0.750 |" in text
+    assert ship.contradiction_text({}) == ""

@@ -60,14 +60,17 @@ def test_info_says_how_long_documents_are_read(art_v1: Path, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     from fastnli.cli import main
 
-    art = _with_policy(art_v1, tmp_path, {"max_window_tokens": 64, "entailment_threshold": 0.7})
+    art = _with_policy(art_v1, tmp_path, {"max_window_tokens": 64, "entailment_threshold": 0.7,
+                                          "contradiction_threshold": 0.9})
     assert main(["info", "--model", str(art), "--device", "cpu"]) == 0
     assert ("long documents (CaLM, ALCE, grounding, long_premise='chunk'): windows of at most 64 tokens, 64 tokens "
-            "of overlap; support when read in windows: P(entailment) > 0.7 (the manifest's window policy)"
-            in " ".join(capsys.readouterr().out.split()))
+            "of overlap; support when read in windows: P(entailment) > 0.7; three-way row: the best-entailment "
+            "window's, or when none supports the most contradicting one's with P(contradiction) > 0.9 (the "
+            "manifest's window policy)" in " ".join(capsys.readouterr().out.split()))
     assert main(["info", "--model", str(art_v1), "--device", "cpu"]) == 0
     assert ("windows as large as the model allows, 64 tokens of overlap; support when read in windows: the plain "
-            "threshold (the default window policy)" in " ".join(capsys.readouterr().out.split()))
+            "threshold; three-way row: the best-entailment window's (the default window policy)"
+            in " ".join(capsys.readouterr().out.split()))
 
 
 @pytest.mark.parametrize("policy, message", [
@@ -181,7 +184,9 @@ def test_the_embedded_model_reads_documents_as_its_manifest_says() -> None:
     assert engine.window_planner.policy == WindowPolicy.from_manifest(manifest.window_policy)
     quality = json.loads((Path(__file__).resolve().parents[1] / "tools" / "default_model" / "quality.json")
                          .read_text())
-    assert quality["window_policy"]["choice"] == manifest.window_policy  # the shipped policy is the measured one
+    # the shipped policy is the measured one: window_choice's cap and support bar, contradiction_choice's bar
+    assert manifest.window_policy == {**quality["window_policy"]["choice"],
+                                      "contradiction_threshold": quality["window_contradiction"]["choice"]}
 
 
 def _table(cells: dict[str, dict[str, tuple[float, float]]]) -> dict[str, object]:

@@ -46,9 +46,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
         f"of at most {policy.max_window_tokens} tokens"
     bar = "the plain threshold" if policy.entailment_threshold is None else f"P(entailment) > {policy.entailment_threshold}"
     source = "the manifest's" if engine.manifest.window_policy is not None else "the default"
+    rows = "the best-entailment window's" if policy.contradiction_threshold is None else \
+        "the best-entailment window's, or when none supports the most contradicting one's" \
+        f" with P(contradiction) > {policy.contradiction_threshold}"
     out.print(escape(f"long documents (CaLM, ALCE, grounding, long_premise='chunk'): windows {size}, "
-                     f"{policy.overlap_tokens} tokens of overlap; support when read in windows: {bar} ({source} "
-                     "window policy)"), soft_wrap=True)
+                     f"{policy.overlap_tokens} tokens of overlap; support when read in windows: {bar}; three-way "
+                     f"row: {rows} ({source} window policy)"), soft_wrap=True)
     m = engine.manifest
     out.print(escape(f"scorer inputs by default: question-aware {'yes' if m.question_format else 'no'}, units "
                      f"aligned {'yes' if m.align_units else 'no'} (the manifest's question_format and align_units)"),
@@ -60,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     """Add ``fastnli predict`` and ``fastnli info`` to the subcommands."""
     p = sub.add_parser("predict", help="NLI probabilities for a JSONL file of {premise, hypothesis} lines; each "
                        "output line adds contradiction, neutral, entailment, label (the most probable), truncated, "
-                       "and window (the best window's index) for a premise read in windows")
+                       "and window (the deciding window's index) for a premise read in windows")
     p.add_argument("input")
     p.add_argument("--long-premise", default="truncate", choices=["truncate", "chunk"],
                    help="a pair longer than the model: truncate (default, reported) or chunk (premise in windows)")

@@ -7,8 +7,8 @@ snli/dev and lingnli/val through the engine, INT8-vs-fp32 agreement, throughput 
 included), the mission evaluation as written and with units aligned (``tools/default_model/align_choice.py``: the
 manifest's ``align_units``) → copy the INT8 graph, tokenizer, manifest and ``MODEL_CARD.md`` to ``fastnli/models/default/``, and write
 ``tools/default_model/quality.json`` (the figures and the fixed slice the CI quality gate re-checks; it stays out of
-the wheel) → choose how the model reads long documents (``tools/default_model/window_choice.py``: the manifest's
-``window_policy``).
+the wheel) → choose how the model reads long documents (``tools/default_model/window_choice.py`` and
+``contradiction_choice.py``: the manifest's ``window_policy``).
 """
 
 from __future__ import annotations
@@ -427,6 +427,34 @@ is above {choice["entailment_threshold"]} (a premise read whole: above 0.5). Cho
 """
 
 
+def contradiction_text(q: dict[str, Any]) -> str:
+    """The model card's section on when a contradicting window decides a document read in windows
+    (``tools/default_model/contradiction_choice.py``); empty for records without that choice."""
+    if "window_contradiction" not in q:
+        return ""
+    w = q["window_contradiction"]
+    choice = str(w["choice"])
+
+    def cell(part: str, depth: str, bar: str) -> str:
+        c = w[part]["depths"][depth]["bars"][bar]
+        return f"{c['accuracy']:.3f} / {c['neutral_kept']:.3f}"
+
+    rows = "\n".join(f"| {d} | {cell('dev', d, 'None')} | {cell('dev', d, choice)} | {cell('test', d, 'None')} | "
+                     f"{cell('test', d, choice)} |" for d in sorted(w["test"]["depths"], key=int))
+    decided = ("the most contradicting window decides a pair no window supports when its P(contradiction) is above "
+               f"{choice}" if w["choice"] is not None else "the best-entailment window always decides")
+    return f"""Three-way rows of documents read in windows (`window_policy.contradiction_threshold`): {decided}.
+Chosen by `tools/default_model/contradiction_choice.py` ({w["rule"]}) on {w["dev"]["pairs"]} dev-part pairs; the
+{w["test"]["pairs"]} test-part pairs are reported only (alone, as sentence pairs: accuracy {w["test"]["alone_accuracy"]:.3f}).
+*Accuracy*: argmax = gold with the premise in the document; *neutral kept*: argmax = neutral for the document without it.
+
+| tokens before the evidence | dev: no bar, accuracy / neutral kept | dev: chosen | test: no bar | test: chosen |
+|---|---|---|---|---|
+{rows}
+
+"""
+
+
 def shipped_commit(artifact_hash: str) -> str | None:
     """The first commit whose embedded default model (``fastnli/models/default/manifest.json``) has
     ``artifact_hash``: where a teacher that was the default model at the time is found again; None outside a git
@@ -814,7 +842,7 @@ fp32 max |Δp| {pv["fp32"]["max_abs_dprob"]:.2e}; INT8 max |Δp| {pv["int8"]["ma
 
 {recipe_text(q)}
 
-{mission_section(q)}{window_text(q)}## Speed by CPU
+{mission_section(q)}{window_text(q)}{contradiction_text(q)}## Speed by CPU
 snli/dev (9,840 pairs) through the engine, tokenization and scheduling included, the engine's default CPU streams,
 best of 2 runs. Written by `tools/default_model/ship.py` (with the fp32 and plain dynamic INT8 graphs) and by
 `tools/default_model/measure.py`, which re-measures the shipped graph on another CPU. INT8 speed depends on the
@@ -956,10 +984,13 @@ def main() -> None:
     size = sum(f.stat().st_size for f in out.iterdir())
     logger.info("shipped %s (%.1f MB)", out, size / 1e6)
     shutil.rmtree(work)
-    from tools.default_model import window_choice  # it renders the card with ship's helpers
+    from tools.default_model import contradiction_choice, window_choice  # they render the card with ship's helpers
 
-    logger.info("choosing how the model reads long documents (tools/default_model/window_choice.py)")
-    window_choice.main(["--model", str(out), "--quality", str(args.quality), "--data", str(args.data), "--write"])
+    logger.info("choosing how the model reads long documents (tools/default_model/window_choice.py, then "
+                "contradiction_choice.py)")
+    common = ["--model", str(out), "--quality", str(args.quality), "--data", str(args.data), "--write"]
+    window_choice.main(common)
+    contradiction_choice.main(common)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,138 @@
+"""Choose when a contradicting window decides a document the default model reads in windows (its manifest's
+``window_policy.contradiction_threshold``) by measurement.
+
+    python -m tools.default_model.contradiction_choice [--model fastnli/models/default] [--pairs 90] [--write]
+
+Run after ``window_choice`` (``ship`` runs both): the window size and support bar are the manifest's, and this
+tool adds the contradiction bar to them.
+
+A premise read in windows takes the row of its best-entailment window (:func:`fastnli.engine.windows.deciding_rows`).
+When no window supports the hypothesis, that row comes from whichever unrelated window reads a little more entailing,
+so a window that contradicts the hypothesis is hidden and the pair reads neutral. With a contradiction bar, the most
+contradicting window decides such a pair when its P(contradiction) is above the bar. A small model trained on SNLI,
+whose annotators read a different scene as a contradiction, also finds contradictions in unrelated text, and the
+more windows a document has the more chances it gets, so the bar is the model's to choose.
+
+**Documents** (``bench.long_premise.documents``): ``--pairs`` snli/dev pairs balanced over the labels, drawn from the
+premises of the ``dev`` part of ``tools/default_model/answer_data.part_of`` (never trained on), each premise among
+unrelated mnli/dev_matched sentences of the evaluation filler pool at depths of 0-4,000 tokens, and the same document
+without the premise. **Accuracy**: argmax = the pair's gold label with the premise in the document; **neutral
+kept**: argmax = neutral for the document without it.
+
+**Rule**: among the bars of :data:`BARS` (None: the best-entailment window always), the highest mean over depths of
+(accuracy + neutral kept) / 2; ties go to no bar, then the higher bar. The ``test`` part is measured and reported
+only. ``--write`` records both tables in ``quality.json`` (``window_contradiction``), sets
+``window_policy.contradiction_threshold`` in the manifest and re-renders the model card.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.long_premise import documents, load
+from fastnli.engine import NLIEngine
+from fastnli.engine.labels import CANONICAL_LABELS
+from fastnli.engine.windows import WindowPolicy, deciding_rows
+from tools.default_model.ship import MANIFEST_NAME, QUALITY, REPO, logger, record_shipped
+
+BARS: tuple[float | None, ...] = (None, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+DEPTHS: tuple[int, ...] = (0, 500, 1000, 2000, 4000)
+NEUTRAL = CANONICAL_LABELS.index("neutral")
+RULE = (f"highest mean over depths {list(DEPTHS)} of (accuracy with the premise + neutral kept without it) / 2 "
+        f"among contradiction bars {list(BARS)} (ties: no bar, then the higher bar); dev part")
+
+
+def _key(bar: float | None) -> str:
+    return str(bar)
+
+
+def measure(model: Path, part: str, n_pairs: int, depths: Sequence[int], seed: int, data: Path) -> dict[str, Any]:
+    """Per depth, per bar of :data:`BARS`: accuracy with the premise, neutral kept without it, and the share of
+    documents without it read as contradiction; every window scored once, through the manifest's window policy."""
+    engine = NLIEngine(model, device="cpu")
+    base = engine.window_planner.policy
+    pairs, pool = load(data, n_pairs, seed, part)
+    gold = np.array([CANONICAL_LABELS.index(r["label"]) for r in pairs])
+    hyps = [r["hypothesis"] for r in pairs]
+    docs = documents(pairs, pool, depths, engine, seed)
+    alone = engine.predict([(r["premise"], r["hypothesis"]) for r in pairs], "truncate")
+    out: dict[str, Any] = {"part": part, "pairs": len(pairs), "policy": dataclasses.asdict(base),
+                           "alone_accuracy": float((alone.argmax(1) == gold).mean()), "depths": {}}
+    t0 = time.perf_counter()
+    for depth, items in docs.items():
+        planner = engine.window_planner
+        with_plan = planner.plan([doc for doc, _, _ in items], hyps, "chunk")
+        without_plan = planner.plan([doc for _, _, doc in items], hyps, "chunk")
+        probs = engine.predict(with_plan.pairs + without_plan.pairs, "truncate")  # windows shared by both: once
+        cells: dict[str, Any] = {}
+        for bar in BARS:
+            with_rows = probs[deciding_rows(probs[:len(with_plan.pairs)], with_plan.starts, base.support_threshold,
+                                            bar)]
+            without_rows = probs[len(with_plan.pairs):][deciding_rows(probs[len(with_plan.pairs):],
+                                                                      without_plan.starts, base.support_threshold, bar)]
+            guess = with_rows.argmax(1)
+            cells[_key(bar)] = {
+                "accuracy": float((guess == gold).mean()),
+                "kept": {label: float((guess[gold == k] == k).mean()) for k, label in enumerate(CANONICAL_LABELS)},
+                "neutral_kept": float((without_rows.argmax(1) == NEUTRAL).mean()),
+                "read_as_contradiction": float((without_rows.argmax(1) == 0).mean())}
+        out["depths"][str(depth)] = {"windows": float(np.mean(with_plan.num_windows)), "bars": cells}
+        logger.info("%s part, depth %d: %s", part, depth, json.dumps(cells))
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def score(table: dict[str, Any], bar: float | None) -> float:
+    """:data:`RULE`'s score of ``bar`` in a :func:`measure` table."""
+    cells = [d["bars"][_key(bar)] for d in table["depths"].values()]
+    return float(np.mean([(c["accuracy"] + c["neutral_kept"]) / 2 for c in cells]))
+
+
+def choose(table: dict[str, Any]) -> float | None:
+    """The bar :data:`RULE` picks from a :func:`measure` table."""
+    return max(BARS, key=lambda b: (round(score(table, b), 9), b is None, b or 0.0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--model", type=Path, default=REPO / "fastnli" / "models" / "default")
+    ap.add_argument("--quality", type=Path, default=QUALITY)
+    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "nli-data")
+    ap.add_argument("--pairs", type=int, default=90, help="dev-part pairs, a third per label (default 90)")
+    ap.add_argument("--test-pairs", type=int, default=90, help="test-part pairs for the report (default 90)")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--write", action="store_true", help="record the choice in quality.json, manifest and card")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    logger.setLevel(logging.INFO)
+
+    dev = measure(args.model, "dev", args.pairs, DEPTHS, args.seed, args.data)
+    choice = choose(dev)
+    logger.info("chosen on the dev part: contradiction_threshold=%s (score %.4f; none: %.4f)", choice,
+                score(dev, choice), score(dev, None))
+    test = measure(args.model, "test", args.test_pairs, DEPTHS, args.seed, args.data)
+    record = {"choice": choice, "rule": RULE, "dev": dev, "test": test}
+    sys.stdout.write(json.dumps({"choice": choice, "test": {_key(b): score(test, b) for b in BARS}}) + "\n")
+    if args.write:
+        quality = json.loads(args.quality.read_text())
+        quality["window_contradiction"] = record
+        manifest = json.loads((args.model / MANIFEST_NAME).read_text())
+        policy = {**manifest.get("window_policy", {}), "contradiction_threshold": choice}
+        WindowPolicy.from_manifest(policy)
+        path = record_shipped(args.model, args.quality, quality, {"window_policy": policy})
+        logger.info("recorded contradiction_threshold=%s in %s, %s and the model card", choice, args.quality, path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
