@@ -16,18 +16,22 @@ reported only.
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fastnli.engine import NLIEngine
 from tools.default_model import answer_data, mission_eval
-from tools.default_model.ship import MISSION_GATE_EVERY, QUALITY, REPO, logger, mission_probs, record_shipped
+from tools.default_model.ship import (
+    MISSION_GATE_EVERY,
+    choice_parser,
+    log_progress,
+    logger,
+    mission_probs,
+    record_shipped,
+)
 
 #: the categories whose pairs state one quantity in two units
 UNIT_CATEGORIES = ("unit_equivalent", "unit_swap")
@@ -72,14 +76,8 @@ def record(quality: dict[str, Any], decision: dict[str, Any], gate: dict[str, An
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--model", type=Path, default=REPO / "fastnli" / "models" / "default")
-    ap.add_argument("--quality", type=Path, default=QUALITY)
-    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "nli-data")
-    ap.add_argument("--write", action="store_true", help="record the decision in quality.json, manifest and card")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
-    logger.setLevel(logging.INFO)
+    args = choice_parser(__doc__).parse_args(argv)
+    log_progress()
 
     built = answer_data.build(args.data)
     parts = {p: built[p] for p in ("dev", "test")}

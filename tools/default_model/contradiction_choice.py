@@ -27,10 +27,8 @@ only. ``--write`` records both tables in ``quality.json`` (``window_contradictio
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import logging
 import sys
 import time
 from collections.abc import Sequence
@@ -43,7 +41,7 @@ from bench.long_premise import documents, load
 from fastnli.engine import NLIEngine
 from fastnli.engine.labels import CANONICAL_LABELS
 from fastnli.engine.windows import WindowPolicy, deciding_rows
-from tools.default_model.ship import MANIFEST_NAME, QUALITY, REPO, logger, record_shipped
+from tools.default_model.ship import MANIFEST_NAME, choice_parser, log_progress, logger, record_shipped
 
 BARS: tuple[float | None, ...] = (None, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 DEPTHS: tuple[int, ...] = (0, 500, 1000, 2000, 4000)
@@ -104,17 +102,8 @@ def choose(table: dict[str, Any]) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--model", type=Path, default=REPO / "fastnli" / "models" / "default")
-    ap.add_argument("--quality", type=Path, default=QUALITY)
-    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "nli-data")
-    ap.add_argument("--pairs", type=int, default=90, help="dev-part pairs, a third per label (default 90)")
-    ap.add_argument("--test-pairs", type=int, default=90, help="test-part pairs for the report (default 90)")
-    ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--write", action="store_true", help="record the choice in quality.json, manifest and card")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
-    logger.setLevel(logging.INFO)
+    args = choice_parser(__doc__, pairs=90, test_pairs=90, seed=7).parse_args(argv)
+    log_progress()
 
     dev = measure(args.model, "dev", args.pairs, DEPTHS, args.seed, args.data)
     choice = choose(dev)

@@ -769,6 +769,31 @@ dev part, bare answers {json.dumps(q["question_aware"]["dev_bare"])}, question-a
 {align_units_text(q)}"""
 
 
+def choice_parser(doc: str | None, pairs: int | None = None, test_pairs: int | None = None,
+                  seed: int | None = None) -> argparse.ArgumentParser:
+    """The arguments every tool that decides part of a shipped model's manifest takes (``--model``, ``--quality``,
+    ``--data``, ``--write``), described by the first line of ``doc``; with ``pairs``, ``test_pairs`` and ``seed``,
+    also the sample sizes and seed of a tool that draws balanced dev- and test-part pairs (those defaults)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    ap.add_argument("--model", type=Path, default=REPO / "fastnli" / "models" / "default")
+    ap.add_argument("--quality", type=Path, default=QUALITY)
+    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "nli-data")
+    ap.add_argument("--write", action="store_true", help="record the choice in quality.json, the manifest and the "
+                    "model card")
+    if pairs is not None and test_pairs is not None and seed is not None:
+        ap.add_argument("--pairs", type=int, default=pairs, help=f"dev-part pairs, a third per label (default {pairs})")
+        ap.add_argument("--test-pairs", type=int, default=test_pairs,
+                        help=f"test-part pairs for the report (default {test_pairs})")
+        ap.add_argument("--seed", type=int, default=seed)
+    return ap
+
+
+def log_progress() -> None:
+    """Log the tool's progress (INFO, with times) and other libraries' warnings to stderr."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    logger.setLevel(logging.INFO)
+
+
 def record_shipped(model: Path, quality_path: Path, quality: dict[str, Any],
                    manifest_changes: dict[str, Any] | None = None) -> Path:
     """Write ``quality`` to ``quality_path``, set ``manifest_changes`` in the shipped model's manifest and re-render

@@ -23,9 +23,7 @@ the plain one (no cap, 0.5) and reported only. ``--write`` records both tables i
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import sys
 import time
 from collections.abc import Sequence
@@ -38,7 +36,7 @@ from bench.long_premise import documents, load, supported
 from fastnli.calm import CheckConfig
 from fastnli.engine import NLIEngine
 from fastnli.engine.windows import WindowPolicy
-from tools.default_model.ship import QUALITY, REPO, logger, record_shipped
+from tools.default_model.ship import choice_parser, log_progress, logger, record_shipped
 
 CAPS: tuple[int | None, ...] = (None, 256, 128)
 THRESHOLDS: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8)
@@ -100,17 +98,8 @@ def choose(table: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--model", type=Path, default=REPO / "fastnli" / "models" / "default")
-    ap.add_argument("--quality", type=Path, default=QUALITY)
-    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "nli-data")
-    ap.add_argument("--pairs", type=int, default=300, help="dev-part pairs, a third per label (default 300)")
-    ap.add_argument("--test-pairs", type=int, default=150, help="test-part pairs for the report (default 150)")
-    ap.add_argument("--seed", type=int, default=11)
-    ap.add_argument("--write", action="store_true", help="record the choice in quality.json, manifest and card")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
-    logger.setLevel(logging.INFO)
+    args = choice_parser(__doc__, pairs=300, test_pairs=150, seed=11).parse_args(argv)
+    log_progress()
 
     dev = measure(args.model, "dev", args.pairs, CAPS, DEPTHS, args.seed, args.data)
     choice = choose(dev)
