@@ -16,8 +16,7 @@ contradiction planes:
   ``long_premise="chunk"`` (:func:`fastnli.engine.windows.deciding_rows`): the argmax of ``e[s]`` (the first on ties)
   when that entailment is above ``threshold``, else, when the engine's window policy names a
   ``contradiction_threshold`` and some ``c[s, u]`` is above it, the argmax of ``c[s]``, else the argmax of ``e[s]``;
-  ``contradiction[s] =
-  c[s, best_source[s]]``; ``supported[s] = entailment[s] > threshold``;
+  ``contradiction[s] = c[s, best_source[s]]``; ``supported[s] = entailment[s] > threshold``;
   ``score = mean_s entailment[s]`` (the aggregate). The default threshold is 0.5 for documents read as one source
   and the engine's window threshold (:attr:`~fastnli.engine.windows.WindowPolicy.entailment_threshold`, which the
   embedded default model's manifest names; else 0.5) for several, since the max over many sources runs high on unrelated text.

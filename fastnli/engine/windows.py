@@ -15,8 +15,8 @@ for DeBERTa), counted by the model's own tokenizer. What happens to a pair that 
 
 **Aggregation** (:meth:`PairWindows.aggregate`, :func:`deciding_rows`): a chunked pair's probabilities are those
 of one of its windows, so the row still sums to 1, and that window's index is reported. A premise supports the
-hypothesis when some window does, contradicts it when none supports it and some window contradicts it, and is
-neutral otherwise:
+hypothesis when some window does; with a contradiction bar, it contradicts the hypothesis when no window supports it
+and some window contradicts it:
 
 - the *best window* is the one with the highest P(entailment) (the first on ties); when its P(entailment) is above
   the support threshold (:attr:`WindowPolicy.entailment_threshold`, else 0.5), its row is the pair's: entailment is
