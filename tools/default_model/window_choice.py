@@ -18,7 +18,8 @@ the candidate's threshold (the library's rule, :meth:`fastnli.calm.CheckConfig.e
 highest mean *found* over depths among the candidates whose *false* is at most ``MAX_FALSE`` at every depth; ties go
 to larger windows (fewer pairs), then the lower threshold. The ``test`` part is measured for the chosen policy and
 the plain one (no cap, 0.5) and reported only. ``--write`` records both tables in ``quality.json``
-(``window_policy``), sets the manifest's ``window_policy`` and re-renders the model card.
+(``window_policy``), sets the manifest's ``window_policy`` (without a contradiction bar, which was chosen for the
+policy it replaces: ``contradiction_choice`` chooses it next) and re-renders the model card.
 """
 
 from __future__ import annotations
