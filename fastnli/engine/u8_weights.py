@@ -25,13 +25,24 @@ INTEGER_MATMULS: dict[str, tuple[int, int, int | None]] = {
     "QLinearMatMul": (3, 5, 4),
 }
 
+#: op type -> the zero-point input of its left operand (None: the op quantizes a float input to uint8 itself). ORT
+#: has no kernel for int8 x uint8, so a product whose left operand is int8 (a constant quantized symmetrically, as
+#: DeBERTa's folded position table in the static recipe) keeps its int8 weight: S8S8 kernels do not saturate.
+LEFT_ZERO_POINT: dict[str, int | None] = {
+    "MatMulInteger": 2,
+    "MatMulIntegerToFloat": 4,
+    "DynamicQuantizeMatMul": None,
+    "QLinearMatMul": 2,
+}
+
 
 def weights_to_u8(model: Any) -> int:
     """Rewrite ``model`` (an ``onnx.ModelProto``, in place) so that every integer MatMul of :data:`INTEGER_MATMULS`
     reads a uint8 copy of its int8 weight initializer and zero point (+128; a missing zero point becomes 128).
 
-    Returns the number of MatMuls rewritten. Weights that are not initializers are left as they are; an initializer
-    that other nodes read too keeps its int8 original for them.
+    Returns the number of MatMuls rewritten. Weights that are not initializers are left as they are, and so are the
+    products whose left operand is int8 (:data:`LEFT_ZERO_POINT`); an initializer that other nodes read too keeps its
+    int8 original for them.
     """
     import onnx
     from onnx import numpy_helper
@@ -59,6 +70,10 @@ def weights_to_u8(model: Any) -> int:
         w = node.input[w_slot]
         zp = node.input[zp_slot] if len(node.input) > zp_slot else ""
         if w not in inits or inits[w].data_type != int8 or (zp and (zp not in inits or inits[zp].data_type != int8)):
+            continue
+        left_zp = LEFT_ZERO_POINT[node.op_type]
+        if left_zp is not None and any(name in inits and inits[name].data_type == int8 for name in
+                                       (node.input[0], node.input[left_zp] if len(node.input) > left_zp else "")):
             continue
         if zp:
             u8_zp = u8_copy(zp)

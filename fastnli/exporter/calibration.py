@@ -20,10 +20,15 @@ def session_with_outputs(model: Any, tensors: list[str], elem_type: int | None =
 
     The session runs without ORT's memory arena: calibration batches have ragged shapes, and with dozens of
     requested intermediate outputs the arena grew by every new shape and never shrank (a base-size DeBERTa passed
-    10 GiB within 16 calibration batches).
+    10 GiB within 16 calibration batches). An INT8 graph runs as the engine runs it
+    (:func:`fastnli.engine.session.exact_int8_wanted`: uint8 weights on CPUs without VNNI), so what is measured
+    from it does not depend on the CPU.
     """
     import onnx
     import onnxruntime as ort
+
+    from fastnli.engine.session import SessionConfig, exact_int8_wanted
+    from fastnli.engine.u8_weights import INTEGER_MATMULS, weights_to_u8
 
     kept = len(model.graph.output)
     for name in tensors:  # added in place and removed again: a copy of a large graph costs its size
@@ -33,6 +38,11 @@ def session_with_outputs(model: Any, tensors: list[str], elem_type: int | None =
         serialized = model.SerializeToString()
     finally:
         del model.graph.output[kept:]
+    if any(n.op_type in INTEGER_MATMULS for n in model.graph.node) and exact_int8_wanted(SessionConfig()):
+        exact = onnx.load_from_string(serialized)  # the caller's graph keeps its int8 weights
+        weights_to_u8(exact)
+        serialized = exact.SerializeToString()
+        del exact
     opts = ort.SessionOptions()
     opts.enable_cpu_mem_arena = False
     sess = ort.InferenceSession(serialized, opts, providers=["CPUExecutionProvider"])
