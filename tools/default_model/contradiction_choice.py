@@ -72,12 +72,11 @@ def measure(model: Path, part: str, n_pairs: int, depths: Sequence[int], seed: i
         with_plan = planner.plan([doc for doc, _, _ in items], hyps, "chunk")
         without_plan = planner.plan([doc for _, _, doc in items], hyps, "chunk")
         probs = engine.predict(with_plan.pairs + without_plan.pairs, "truncate")  # windows shared by both: once
+        with_probs, without_probs = probs[:len(with_plan.pairs)], probs[len(with_plan.pairs):]
         cells: dict[str, Any] = {}
         for bar in BARS:
-            with_rows = probs[deciding_rows(probs[:len(with_plan.pairs)], with_plan.starts, base.support_threshold,
-                                            bar)]
-            without_rows = probs[len(with_plan.pairs):][deciding_rows(probs[len(with_plan.pairs):],
-                                                                      without_plan.starts, base.support_threshold, bar)]
+            with_rows = with_probs[deciding_rows(with_probs, with_plan.starts, base.support_threshold, bar)]
+            without_rows = without_probs[deciding_rows(without_probs, without_plan.starts, base.support_threshold, bar)]
             guess = with_rows.argmax(1)
             cells[_key(bar)] = {
                 "accuracy": float((guess == gold).mean()),
