@@ -110,3 +110,48 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
         run_uqlm(tmp_path, ["a"], [["b"]], scorers=("cosine_sim",), python=Path("/nonexistent/python"))
     with pytest.raises(RuntimeError, match="cannot start the uqlm runner"):
         run_uqlm(tmp_path, ["a"], [["b"]], python=Path("/nonexistent/python"))
+
+
+def test_a_forked_run_is_a_fresh_interpreters_run(checkpoint: Path, uqlm_python: Path, result: UqlmResult) -> None:
+    """``result`` ran in a child of the fork server; a fresh interpreter gives the same scores, pairs and responses."""
+    fresh = run_uqlm(checkpoint, RESPONSES, SAMPLED, scorers=SUPPORTED_SCORERS, python=uqlm_python, torch_threads=1,
+                     reuse_imports=False)
+    assert fresh.scores == result.scores
+    assert (fresh.num_nli_pairs, fresh.nli_calls) == (result.num_nli_pairs, result.nli_calls)
+    assert (fresh.responses, fresh.sampled_responses, fresh.torch_threads) == (
+        result.responses, result.sampled_responses, result.torch_threads)
+
+
+def test_a_failed_run_reports_its_traceback_and_the_server_serves_on(
+        checkpoint: Path, uqlm_python: Path, result: UqlmResult, tmp_path: Path) -> None:
+    from bench import uqlm_peer
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    with pytest.raises(RuntimeError, match=r"(?s)uqlm runner failed \(exit 1\) on checkpoint .*broken; stderr tail:"
+                                           r".*Traceback.*no-such-architecture"):
+        run_uqlm(broken, RESPONSES, SAMPLED, python=uqlm_python, torch_threads=1)
+    servers = list(uqlm_peer._SERVERS.values())
+    again = run_uqlm(checkpoint, RESPONSES, SAMPLED, scorers=SUPPORTED_SCORERS, python=uqlm_python, torch_threads=1)
+    assert again.scores == result.scores
+    assert list(uqlm_peer._SERVERS.values()) == servers and all(s.proc.poll() is None for s in servers)
+
+
+def test_a_run_past_its_time_limit_kills_the_server_and_its_child(checkpoint: Path, uqlm_python: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import uqlm_peer
+
+    started: list[uqlm_peer._ForkServer] = []
+
+    class Recorded(uqlm_peer._ForkServer):
+        def __init__(self, *args: object) -> None:
+            super().__init__(*args)  # type: ignore[arg-type]
+            started.append(self)
+
+    monkeypatch.setattr(uqlm_peer, "_ForkServer", Recorded)
+    env = {"FASTNLI_TEST_SERVER": "time-limit"}  # a server of its own (still importing uqlm when the limit falls)
+    with pytest.raises(RuntimeError, match=r"uqlm runner timed out after 1 s; stderr tail:"):
+        run_uqlm(checkpoint, RESPONSES, SAMPLED, python=uqlm_python, env=env, timeout_s=1)
+    assert len(started) == 1 and started[0].proc.poll() is not None
+    assert started[0] not in uqlm_peer._SERVERS.values() and not started[0].dir.exists()
