@@ -16,6 +16,7 @@ from conftest import RAGGED_PAIRS, torch_probs
 
 from fastnli.engine import NLIEngine, SessionConfig, read_manifest
 from fastnli.engine.labels import canonical_columns
+from fastnli.engine.session import create_session, session_model
 from fastnli.exporter import export
 from fastnli.exporter.checkpoint import build_checkpoint
 from fastnli.exporter.probe import probe_pairs
@@ -269,7 +270,8 @@ def test_static_recipe_keeps_the_named_matmuls_fp32(art_bert: Path, tmp_path: Pa
     nodes = {n.name: n.op_type for n in onnx.load(str(dst)).graph.node}
     assert all(nodes[n] == "MatMul" for n in kept)
     assert got["static"]["quantized_matmuls"] == got["static"]["fused_matmuls"] > 0
-    sess = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"])
+    config = SessionConfig()  # the INT8 graph runs as the engine runs it on this CPU (exact kernels without VNNI)
+    sess = create_session(session_model(dst, config, int8=True), "cpu", config)[0]
     ref = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
     same = [np.mean(sess.run(None, f)[0].argmax(-1) == ref.run(None, f)[0].argmax(-1)) for f in feeds]
     assert np.mean(same) >= INT8_MIN_PROBE_AGREEMENT
