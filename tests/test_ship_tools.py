@@ -36,7 +36,7 @@ def test_measure_records_this_cpu_once_and_renders_the_card(tmp_path: Path) -> N
     shutil.copy2(ship.QUALITY, tmp_path / "quality.json")
     before = json.loads((tmp_path / "quality.json").read_text())
     argv = ["--model", str(model), "--quality", str(tmp_path / "quality.json"), "--data", str(SHARED_DATA),
-            "--limit", "120"]
+            "--limit", "60"]
     assert measure_default_model.main(argv) == 0
     assert measure_default_model.main(argv) == 0  # a second run of the same CPU replaces the first
     quality = json.loads((tmp_path / "quality.json").read_text())
@@ -46,7 +46,7 @@ def test_measure_records_this_cpu_once_and_renders_the_card(tmp_path: Path) -> N
     assert [r for r in quality["cpu_runs"] if r is not run] == [
         r for r in before.get("cpu_runs", []) if (r["cpu"], r["int8_isa"]) != (run["cpu"], run["int8_isa"])
         or r["int8_kernels"] != run["int8_kernels"]]  # the other CPUs' runs are kept as they were
-    assert run["int8_isa"] == int8_isa() and run["pairs"] == {"snli/dev": 120, "lingnli/val": 120}
+    assert run["int8_isa"] == int8_isa() and run["pairs"] == {"snli/dev": 60, "lingnli/val": 60}
     assert run["int8_kernels"] == ("exact U8U8 (weights moved to uint8)" if exact_int8_wanted(SessionConfig())
                                    else "U8S8")
     assert ("saturating_u8s8" in run) == (exact_int8_wanted(SessionConfig()) and u8s8_saturates())
@@ -54,7 +54,7 @@ def test_measure_records_this_cpu_once_and_renders_the_card(tmp_path: Path) -> N
     rows = [json.loads(x) for x in (SHARED_DATA / "dev.jsonl").read_text().splitlines()]
     engine = NLIEngine(model, device="cpu", precision="int8")
     for split in ("snli/dev", "lingnli/val"):
-        part = [r for r in rows if r["source"] == split][:120]
+        part = [r for r in rows if r["source"] == split][:60]
         pred = engine.predict([(r["premise"], r["hypothesis"]) for r in part]).argmax(1)
         gold = np.array([LABELS.index(r["label"]) for r in part])
         assert run["accuracy_int8"][split] == round(float(np.mean(pred == gold)), 4)
@@ -67,7 +67,7 @@ def test_measure_records_this_cpu_once_and_renders_the_card(tmp_path: Path) -> N
     card = (model / "MODEL_CARD.md").read_text()
     row = f"| {run['cpu']} ({run['cores']}) | {run['int8_isa']}, {run['int8_kernels']} | {run['pairs_per_s_snli_dev']['int8']} |"
     assert row in card
-    assert "(first 120 of snli/dev, 120 of lingnli/val)" in card
+    assert "(first 60 of snli/dev, 60 of lingnli/val)" in card
 
 
 def test_measure_refuses_a_limit_below_one(capsys: pytest.CaptureFixture[str]) -> None:
@@ -126,7 +126,7 @@ def test_cpu_run_measures_the_saturating_kernels_where_exact_int8_is_on(monkeypa
     monkeypatch.setenv("FASTNLI_EXACT_INT8", "1")
     monkeypatch.setattr(ship, "u8s8_saturates", lambda: True)
     quality = json.loads(ship.QUALITY.read_text())
-    splits = {split: rows[:120] for split, rows in ship.load_splits(SHARED_DATA, ("snli/dev", "lingnli/val")).items()}
+    splits = {split: rows[:60] for split, rows in ship.load_splits(SHARED_DATA, ("snli/dev", "lingnli/val")).items()}
     run = ship.cpu_run(NLIEngine(DEFAULT_MODEL_DIR, device="cpu", precision="int8"), splits, quality["gate"], "t")
     sat = run["saturating_u8s8"]
     assert run["int8_kernels"] == "exact U8U8 (weights moved to uint8)" and sat["pairs_per_s_snli_dev"] > 0
