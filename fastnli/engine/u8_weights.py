@@ -94,14 +94,15 @@ def weights_to_u8(model: Any) -> int:
     return rewritten
 
 
-def exact_int8_model(path: str) -> bytes | None:
-    """The INT8 graph at ``path`` with :func:`weights_to_u8` applied, serialized for ``InferenceSession``; None when
-    it has no int8 weight to move (load it from its path then)."""
+def exact_int8_model(graph: str | bytes) -> bytes | None:
+    """The INT8 graph at path ``graph`` (or serialized in it) with :func:`weights_to_u8` applied, serialized for
+    ``InferenceSession``; None when it has no int8 weight to move (load ``graph`` itself then)."""
     import onnx
 
-    model = onnx.load(path)
+    model = onnx.load_from_string(graph) if isinstance(graph, bytes) else onnx.load(graph)
     n = weights_to_u8(model)
     if n == 0:
         return None
-    logger.debug("%s: %d integer MatMuls read uint8 weights (exact on CPUs without VNNI)", path, n)
+    logger.debug("%s: %d integer MatMuls read uint8 weights (exact on CPUs without VNNI)",
+                 "graph" if isinstance(graph, bytes) else graph, n)
     return model.SerializeToString()

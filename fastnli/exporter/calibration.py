@@ -28,7 +28,7 @@ def session_with_outputs(model: Any, tensors: list[str], elem_type: int | None =
     import onnxruntime as ort
 
     from fastnli.engine.session import SessionConfig, exact_int8_wanted
-    from fastnli.engine.u8_weights import INTEGER_MATMULS, weights_to_u8
+    from fastnli.engine.u8_weights import INTEGER_MATMULS, exact_int8_model
 
     kept = len(model.graph.output)
     for name in tensors:  # added in place and removed again: a copy of a large graph costs its size
@@ -39,10 +39,7 @@ def session_with_outputs(model: Any, tensors: list[str], elem_type: int | None =
     finally:
         del model.graph.output[kept:]
     if any(n.op_type in INTEGER_MATMULS for n in model.graph.node) and exact_int8_wanted(SessionConfig()):
-        exact = onnx.load_from_string(serialized)  # the caller's graph keeps its int8 weights
-        weights_to_u8(exact)
-        serialized = exact.SerializeToString()
-        del exact
+        serialized = exact_int8_model(serialized) or serialized  # the caller's graph keeps its int8 weights
     opts = ort.SessionOptions()
     opts.enable_cpu_mem_arena = False
     sess = ort.InferenceSession(serialized, opts, providers=["CPUExecutionProvider"])
