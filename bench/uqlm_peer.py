@@ -239,7 +239,8 @@ class _ForkServer:
         """Run one job; its exit code, or ``None`` when the server is gone (its log says why).
 
         Raises:
-            TimeoutError: no exit code within ``timeout_s`` (the server and its child are then killed).
+            TimeoutError: no exit code within ``timeout_s`` (the caller then kills the server and its child:
+                :func:`_drop_server`).
         """
         assert self.proc.stdin is not None and self.proc.stdout is not None
         job = {"request": str(request), "response": str(response), "stderr": str(stderr), "cwd": str(request.parent),
@@ -252,7 +253,6 @@ class _ForkServer:
                 return None
             ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
             if not ready:
-                self.close(kill=True)
                 raise TimeoutError
             line = self.proc.stdout.readline()
         return int(line) if line.strip() else None
