@@ -50,8 +50,9 @@ class SessionConfig:
             there add pairs of products in 16 bits, which saturate: the shipped MiniLM INT8 graph agreed with fp32
             on 95.6% of its snli/dev gate slice instead of 98.8%. On, the INT8 graph's weights are moved to uint8
             before it loads (``w + 128``, zero point with them: the same products, see
-            :mod:`fastnli.engine.u8_weights`) and ORT runs its exact U8U8 kernels, 1.2x slower there (the shipped
-            model on snli/dev, 2-core AVX2 EPYC: 233 vs 284 pairs/s). Only INT8 CPU sessions are affected; ``True``
+            :mod:`fastnli.engine.u8_weights`) and ORT runs its exact U8U8 kernels, up to 1.2x slower there (the
+            shipped model on snli/dev, 2 cores: 233 vs 284 pairs/s on an AVX2 EPYC, 95 vs 94 on a Zen 1 EPYC, whose
+            two kernels run at one speed). Only INT8 CPU sessions are affected; ``True``
             on a VNNI CPU would give up its (already exact) VNNI kernels.
     """
 

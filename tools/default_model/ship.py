@@ -331,10 +331,10 @@ def saturating_text(q: dict[str, Any]) -> str:
     parts = []
     for r in runs:
         sat = r["saturating_u8s8"]
-        speed = sat.get("pairs_per_s_snli_dev")
-        parts.append(f"{r['cpu']}, {r['date']}, by {r['by']}: {sat['labels_equal_to_exact']:.1%} of snli/dev labels "
-                     f"equal to the exact run's, {sat['accuracy_snli_dev']:.2%} accuracy"
-                     + (f", {speed} pairs/s" if speed else ""))
+        speed, exact = sat.get("pairs_per_s_snli_dev"), r["pairs_per_s_snli_dev"]["int8"]
+        parts.append(f"{r['cpu']} ({r['int8_isa']}), {r['date']}, by {r['by']}: {sat['labels_equal_to_exact']:.1%} "
+                     f"of snli/dev labels equal to the exact run's, {sat['accuracy_snli_dev']:.2%} accuracy"
+                     + (f", {speed} pairs/s against {exact} exact" if speed else ""))
     return "; ".join(parts)
 
 
@@ -885,10 +885,10 @@ instruction set far more than on the clock.
   truncation cuts off, but less often than the premise read alone.
 - Only the INT8 graph ships (an fp32 graph would add ~90 MB). The shipped recipe is slower than plain dynamic
   INT8 (`int8` vs `int8-dynamic` above): the price of the agreement with fp32 and of batch-invariant scores.
-- On x86-64 CPUs without VNNI (AVX2 only, e.g. AMD Zen 2/3) the INT8 products run on ONNX Runtime's exact U8U8
-  kernels (`SessionConfig.exact_int8`, auto): its fast U8S8 kernels there saturate and change labels
-  ({saturating_text(q)}). Exact, it gives the figures above on any x86-64 CPU, about 1.2x slower than the
-  saturating kernels.
+- On x86-64 CPUs without VNNI (AVX2 only, e.g. AMD Zen 1-3) the INT8 products run on ONNX Runtime's exact U8U8
+  kernels (`SessionConfig.exact_int8`, auto): its U8S8 kernels there saturate and change labels
+  ({saturating_text(q)}). Exact, it gives the figures above on any x86-64 CPU; what that costs in speed depends on
+  the CPU (up to 1.2x on the AVX2 CPUs measured so far, nothing where both kernels run at one speed).
 - The CI quality gate (`tests/test_default_model.py`) re-checks accuracy on a fixed slice of snli/dev and
   lingnli/val and INT8-vs-fp32 agreement against the figures in `tools/default_model/quality.json`.
 """
