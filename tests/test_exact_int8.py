@@ -148,6 +148,19 @@ def test_int8_isa_names_the_kernels_this_cpu_runs(monkeypatch: pytest.MonkeyPatc
     assert session_mod.int8_isa() == isa
 
 
+def test_cpu_model_name_adds_family_and_model_read_by_exact_field(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 23\nmodel\t\t: 1\n"
+                       "model name\t: AMD EPYC\nflags\t\t: fpu avx2\n")
+    read = session_mod._cpuinfo
+    assert read("model", str(cpuinfo)) == "1" and read("model name", str(cpuinfo)) == "AMD EPYC"
+    assert read("stepping", str(cpuinfo)) is None and read("model", str(tmp_path / "missing")) is None
+    monkeypatch.setattr(session_mod, "_cpuinfo", lambda field: read(field, str(cpuinfo)))
+    assert session_mod.cpu_model_name() == "AMD EPYC, family 23 model 1"
+    monkeypatch.setattr(session_mod, "_cpuinfo", lambda field: {"model name": "Some CPU"}.get(field))
+    assert session_mod.cpu_model_name() == "Some CPU"
+
+
 def test_exact_int8_setting_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FASTNLI_EXACT_INT8", raising=False)
     assert exact_int8_wanted(SessionConfig()) is u8s8_saturates()

@@ -65,13 +65,14 @@ class SessionConfig:
     exact_int8: bool | None = None
 
 
-def _cpuinfo(field: str) -> str | None:
+def _cpuinfo(field: str, path: str = "/proc/cpuinfo") -> str | None:
     """The first ``field`` value of ``/proc/cpuinfo`` (Linux), or None where it cannot be read."""
     try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+        with open(path, encoding="ascii", errors="replace") as f:
             for line in f:
-                if line.startswith(field):
-                    return line.partition(":")[2].strip()
+                key, _, value = line.partition(":")
+                if key.strip() == field:
+                    return value.strip()
     except OSError:
         pass
     return None
@@ -84,8 +85,14 @@ def _cpu_flags() -> set[str] | None:
 
 
 def cpu_model_name() -> str:
-    """This CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` or the machine name elsewhere)."""
-    return _cpuinfo("model name") or platform.processor() or platform.machine()
+    """This CPU's model name, with its family and model numbers (``/proc/cpuinfo``: a virtual machine's name, such as
+    ``AMD EPYC``, can stand for CPUs of several generations); ``platform.processor()`` or the machine name
+    elsewhere."""
+    name = _cpuinfo("model name")
+    if not name:
+        return platform.processor() or platform.machine()
+    family, model = _cpuinfo("cpu family"), _cpuinfo("model")
+    return f"{name}, family {family} model {model}" if family and model else name
 
 
 @functools.cache
