@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from fastnli.engine.batches import CPU_POLICY
 from fastnli.kernels import reference
 
 try:
@@ -161,12 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{f'flatten_token_lists ({n_flat // 1000}k lists)':<34}{tc:>14.3f}{tr:>15.3f}{tr / tc:>9.1f}x")
 
     print()
-    print(f"{'padding efficiency (100k rows)':<44}{'planner':>10}{'FIFO':>10}")
+    print(f"{'padding efficiency (100k rows)':<56}{'planner':>10}{'FIFO':>10}")
     mixed = make_lengths(100_000, seed=3)
-    for multiple in (1, 8):
-        plan = compiled.plan_batches(mixed, BUDGET_TOKENS, BUDGET_ROWS, multiple)
-        label = f"budget {BUDGET_TOKENS}/{BUDGET_ROWS} rows, pad_multiple {multiple}"
-        print(f"{label:<44}{plan.padding_efficiency:>10.3f}{fifo_efficiency(mixed, BUDGET_TOKENS, FIFO_CHUNK):>10.3f}")
+    for multiple, overhead in ((1, 0), (8, 0), (1, CPU_POLICY.batch_overhead_tokens)):
+        plan = compiled.plan_batches(mixed, BUDGET_TOKENS, BUDGET_ROWS, multiple, 0, overhead)
+        label = f"budget {BUDGET_TOKENS}/{BUDGET_ROWS} rows, pad_multiple {multiple}" + (
+            f", batch overhead {overhead}" if overhead else "")
+        print(f"{label:<56}{plan.padding_efficiency:>10.3f}{fifo_efficiency(mixed, BUDGET_TOKENS, FIFO_CHUNK):>10.3f}")
     print(f"(FIFO: arrival order, chunks of <= {FIFO_CHUNK} rows padded to their longest, closed early at the "
           f"{BUDGET_TOKENS}-token budget)")
 

@@ -43,6 +43,20 @@ def test_pair_alone_equals_pair_in_padded_batch(art_v1: Path) -> None:
     assert np.array_equal(engine.predict(RAGGED_PAIRS[1]), engine.predict([RAGGED_PAIRS[1]])[0])
 
 
+def test_cpu_batches_split_off_short_pairs_and_keep_the_probabilities(art_v1: Path) -> None:
+    long_pair = (" ".join(["The quick brown fox jumps over the lazy dog."] * 3), "A fox jumps.")
+    pairs = [long_pair] + [(f"Short premise {i}.", "A hypothesis.") for i in range(6)]
+    engine = NLIEngine.from_pretrained(art_v1, device="cpu", precision="fp32")
+    assert engine.batch_policy.batch_overhead_tokens == 32  # the CPU policy's
+    split = engine.predict(pairs)
+    split_stats = engine.last_stats
+    greedy = engine.with_policy(batch_overhead_tokens=0).predict(pairs)
+    greedy_stats = engine.last_stats
+    assert (split_stats.batches, greedy_stats.batches) == (2, 1)  # the long pair alone, then the short ones
+    assert split_stats.padded_tokens < greedy_stats.padded_tokens and split_stats.real_tokens == greedy_stats.real_tokens
+    assert np.abs(split - greedy).max() <= 1e-5
+
+
 def test_manifest_records_sources_versions_and_validation(art_v1: Path, ckpt_v1: Path) -> None:
     m = read_manifest(art_v1)
     assert m.source == str(ckpt_v1.resolve())

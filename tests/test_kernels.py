@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
@@ -284,6 +285,26 @@ def test_flatten_row_changed_by_index_raises() -> None:
 # ----------------------------------------------------------------------------------------------------------------------
 
 
+def _cheapest_split(lengths: np.ndarray, budget: int, cap: int, multiple: int, attention: int, overhead: int) -> int:
+    """The least ``padded tokens + overhead × batches`` over every split of the length-sorted rows into runs that
+    respect the caps (a lone row always may form a batch), by exhaustive recursion."""
+    lens = sorted((int(v) for v in lengths), reverse=True)
+
+    @functools.cache
+    def cost(i: int) -> int:
+        if i == len(lens):
+            return 0
+        seq = -(-lens[i] // multiple) * multiple
+        options = [r * seq + overhead + cost(i + r) for r in range(1, len(lens) - i + 1)
+                   if r == 1 or (r * seq <= budget and r <= cap and (not attention or r * seq * seq <= attention))]
+        return min(options)
+
+    return cost(0)
+
+
+OVERHEADS = st.sampled_from([0, 1, 7, 32, 500])
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @PROPS
 @given(
@@ -292,11 +313,32 @@ def test_flatten_row_changed_by_index_raises() -> None:
     cap=st.integers(1, 10),
     multiple=st.sampled_from([1, 2, 8]),
     attention=st.sampled_from([0, 1, 50, 400, 3000]),
+    overhead=OVERHEADS,
 )
 def test_plan_properties(impl: ModuleType, lengths: np.ndarray, budget: int, cap: int, multiple: int,
-                         attention: int) -> None:
-    plan = impl.plan_batches(lengths, budget, cap, multiple, attention)
+                         attention: int, overhead: int) -> None:
+    plan = impl.plan_batches(lengths, budget, cap, multiple, attention, overhead)
     _check_plan(plan, lengths, budget, cap, multiple, attention)
+    greedy = impl.plan_batches(lengths, budget, cap, multiple, attention)
+    # the split minimises padded tokens + overhead per batch, so it never costs more than the greedy plan
+    assert plan.padded_tokens + overhead * plan.num_batches <= greedy.padded_tokens + overhead * greedy.num_batches
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@PROPS
+@given(
+    lengths=st.lists(st.integers(0, 40), max_size=9).map(lambda v: np.asarray(v, dtype=np.int64)),
+    budget=st.integers(1, 120),
+    cap=st.integers(1, 6),
+    multiple=st.sampled_from([1, 3]),
+    attention=st.sampled_from([0, 50, 3000]),
+    overhead=st.integers(1, 200),
+)
+def test_plan_with_overhead_is_the_cheapest_split(impl: ModuleType, lengths: np.ndarray, budget: int, cap: int,
+                                                  multiple: int, attention: int, overhead: int) -> None:
+    plan = impl.plan_batches(lengths, budget, cap, multiple, attention, overhead)
+    assert plan.padded_tokens + overhead * plan.num_batches == _cheapest_split(lengths, budget, cap, multiple,
+                                                                              attention, overhead)
 
 
 @needs_compiled
@@ -307,11 +349,12 @@ def test_plan_properties(impl: ModuleType, lengths: np.ndarray, budget: int, cap
     cap=st.integers(1, 10),
     multiple=st.sampled_from([1, 3, 8]),
     attention=st.sampled_from([0, 1, 50, 400, 3000]),
+    overhead=OVERHEADS,
 )
 def test_plan_compiled_matches_reference(lengths: np.ndarray, budget: int, cap: int, multiple: int,
-                                         attention: int) -> None:
-    a = reference.plan_batches(lengths, budget, cap, multiple, attention)
-    b = _schedule.plan_batches(lengths, budget, cap, multiple, attention)
+                                         attention: int, overhead: int) -> None:
+    a = reference.plan_batches(lengths, budget, cap, multiple, attention, overhead)
+    b = _schedule.plan_batches(lengths, budget, cap, multiple, attention, overhead)
     for field in ("order", "bounds", "seq_lens"):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
     assert (a.real_tokens, a.padded_tokens) == (b.real_tokens, b.padded_tokens)
@@ -356,6 +399,20 @@ def test_plan_edge_cases(impl: ModuleType) -> None:
     assert plan.bounds.tolist() == [0, 1, 2, 3, 5, 7, 9] and plan.seq_lens.tolist() == [512, 512, 512, 128, 128, 128]
     with pytest.raises(ValueError, match="max_batch_attention must be >= 0, got -1"):
         impl.plan_batches(lengths, 4096, 64, max_batch_attention=-1)
+
+    # a batch overhead splits off the short rows that greedy packing pads to the long row's length
+    lengths = np.array([10, 100, 10, 10])
+    greedy = impl.plan_batches(lengths, 4096, 64)
+    assert greedy.bounds.tolist() == [0, 4] and greedy.padded_tokens == 400
+    plan = impl.plan_batches(lengths, 4096, 64, batch_overhead_tokens=32)
+    assert plan.order.tolist() == [1, 0, 2, 3] and plan.bounds.tolist() == [0, 1, 4]
+    assert plan.seq_lens.tolist() == [100, 10] and plan.padded_tokens == 130 == plan.real_tokens
+    # ... unless a batch costs more than the padding it saves (100 + 30 + 2 x 300 > 400 + 300)
+    assert impl.plan_batches(lengths, 4096, 64, batch_overhead_tokens=300).bounds.tolist() == [0, 4]
+    # equal lengths: every split pads the same, so the fewest batches the caps allow
+    assert impl.plan_batches(np.full(10, 4), 1000, 4, batch_overhead_tokens=5).bounds.tolist() == [0, 4, 8, 10]
+    with pytest.raises(ValueError, match="batch_overhead_tokens must be >= 0, got -1"):
+        impl.plan_batches(lengths, 4096, 64, batch_overhead_tokens=-1)
 
 
 @needs_compiled

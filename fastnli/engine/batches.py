@@ -28,15 +28,23 @@ class BatchPolicy:
         pad_multiple: the padded length is rounded up to a multiple of this (8 suits GPU tensor cores).
         max_batch_attention: cap on ``rows × padded length²`` of one batch (attention scores per head), which bounds
             the memory of a batch of long rows; 0 means no cap.
+        batch_overhead_tokens: the fixed cost of one more batch, in padded tokens. Above 0, the length-sorted rows
+            are split into the batches that minimise ``padded tokens + this × batches`` under the caps
+            (:func:`fastnli.kernels.plan_batches`), so short rows are not padded to a long row's length to fill a
+            batch; 0 fills each batch as far as the caps allow.
     """
 
     max_batch_tokens: int = 4096
     max_batch_size: int = 64
     pad_multiple: int = 1
     max_batch_attention: int = 0
+    batch_overhead_tokens: int = 0
 
 
-CPU_POLICY = BatchPolicy(max_batch_tokens=4096, max_batch_size=64, pad_multiple=1, max_batch_attention=512 * 512)
+#: CPU batches: the cheapest split at 32 tokens of overhead per batch (docs/engine.md: the default model, INT8, 2-core
+#: AMD EPYC Zen 1, 1.01-1.44x the pairs/s of full batches on snli/dev, MultiNLI and the bench's NCP workloads).
+CPU_POLICY = BatchPolicy(max_batch_tokens=4096, max_batch_size=64, pad_multiple=1, max_batch_attention=512 * 512,
+                         batch_overhead_tokens=32)
 CUDA_POLICY = BatchPolicy(max_batch_tokens=32768, max_batch_size=512, pad_multiple=8)
 
 
@@ -86,7 +94,7 @@ def score_unique(
     want_types = "token_type_ids" in input_names
     flat, offsets, flat_types = tokenizer.encode(premises, hypotheses, with_type_ids=want_types)
     plan = plan_batches(np.diff(offsets), policy.max_batch_tokens, policy.max_batch_size, policy.pad_multiple,
-                        policy.max_batch_attention)
+                        policy.max_batch_attention, policy.batch_overhead_tokens)
     cols = np.asarray(columns, dtype=np.int64)
     lock = threading.Lock()
 

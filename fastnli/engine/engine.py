@@ -642,7 +642,8 @@ class NLIEngine:
         return np.diff(self._tokenizer.encode(premises, hypotheses)[1])
 
     def with_policy(self, **changes: Any) -> NLIEngine:
-        """Set batch-policy fields (``max_batch_tokens``, ``max_batch_size``, ``pad_multiple``) and return self."""
+        """Set batch-policy fields (``max_batch_tokens``, ``max_batch_size``, ``pad_multiple``, ``max_batch_attention``,
+        ``batch_overhead_tokens``: :class:`~fastnli.engine.batches.BatchPolicy`) and return self."""
         self._policy_override = replace(self.batch_policy, **changes)
         self.batch_policy = self._policy_override
         return self

@@ -15,7 +15,7 @@ built.
 #
 # 2. Loops over C-contiguous typed memoryviews (``[::1]`` / ``[:, ::1]``), arguments commented IN / OUT / SCRATCH.
 #    They report bad input by returning an error code (the index of the offending item) instead of raising, so
-#    that they can run without the GIL: ``_counting_sort_desc``, ``_greedy_batches``, ``_check_rows``,
+#    that they can run without the GIL: ``_counting_sort_desc``, ``_plan_runs``, ``_check_rows``,
 #    ``_fill_rows``, ``_fill_mask`` and ``_scatter`` do. Three loops read Python objects and hold the GIL:
 #    ``_hash_pairs`` (str hashes; CPython caches a str's hash in the object, so a string shared by many pairs is
 #    hashed once), ``_dedup_table`` (equality checks of the strings behind equal keys) and ``_copy_token_list``
@@ -300,35 +300,63 @@ cdef void _counting_sort_desc(
         start[lengths[i]] += 1
 
 
-cdef Py_ssize_t _greedy_batches(
+cdef inline int64_t _max_rows(int64_t seq_len, int64_t max_batch_tokens, int64_t max_batch_size,
+                              int64_t max_batch_attention, int64_t left) noexcept nogil:
+    """The most rows a batch of padded length ``seq_len`` may hold under the budgets, at least 1, at most ``left``."""
+    # The later rows are no longer than the first, so the batch holds as many rows as the budget allows:
+    # rows * seq_len <= max_batch_tokens  <=>  rows <= max_batch_tokens // seq_len (seq_len > 0).
+    cdef int64_t rows = max_batch_size if seq_len == 0 else max_batch_tokens // seq_len
+    if rows > max_batch_size:
+        rows = max_batch_size
+    if max_batch_attention > 0 and seq_len > 0 and rows > max_batch_attention // (seq_len * seq_len):
+        rows = max_batch_attention // (seq_len * seq_len)
+    if rows < 1:  # a single over-long row: a batch of its own
+        rows = 1
+    if rows > left:
+        rows = left
+    return rows
+
+
+cdef Py_ssize_t _plan_runs(
     const int64_t[::1] lengths,   # IN  (U,)
     const int64_t[::1] order,     # IN  (U,) lengths[order] non-increasing
     int64_t max_batch_tokens,     # IN  >= 1
     int64_t max_batch_size,       # IN  >= 1
     int64_t pad_multiple,         # IN  >= 1
     int64_t max_batch_attention,  # IN  >= 0 (0: no cap)
+    int64_t batch_overhead,       # IN  >= 0 (0: greedy)
+    int64_t[::1] take,            # TMP (U,) rows of the batch that starts at each sorted position
+    int64_t[::1] best,            # TMP (U+1,) cheapest cost of the sorted rows from each position on
     int64_t[::1] bounds,          # OUT (U+1,) bounds[:B+1] used
     int64_t[::1] seq_lens,        # OUT (U,) seq_lens[:B] used
     int64_t* padded_tokens,       # OUT sum of rows * seq_len
 ) noexcept nogil:
-    """Greedy batching over the sorted rows; returns the number of batches B."""
+    """Split the sorted rows into batches (greedy, or the cheapest split when ``batch_overhead > 0``); returns the
+    number of batches B."""
     cdef Py_ssize_t n = order.shape[0]
-    cdef Py_ssize_t i = 0, n_batches = 0
-    cdef int64_t seq_len, rows, padded = 0
+    cdef Py_ssize_t i, n_batches = 0
+    cdef int64_t seq_len, rows, r, cost, cheapest, padded = 0
+    for i in range(n):  # greedy: the most rows the budgets allow
+        take[i] = _max_rows(_round_up(lengths[order[i]], pad_multiple), max_batch_tokens, max_batch_size,
+                            max_batch_attention, n - i)
+    if batch_overhead > 0:
+        best[n] = 0
+        for i in range(n - 1, -1, -1):
+            seq_len = _round_up(lengths[order[i]], pad_multiple)
+            cheapest = -1
+            rows = 1
+            for r in range(1, take[i] + 1):
+                cost = r * seq_len + best[i + r]
+                if cheapest < 0 or cost <= cheapest:  # ties: the batch with more rows
+                    cheapest = cost
+                    rows = r
+            take[i] = rows
+            best[i] = cheapest + batch_overhead
     bounds[0] = 0
+    i = 0
     while i < n:
         seq_len = _round_up(lengths[order[i]], pad_multiple)
-        # The later rows are no longer than the first, so the batch holds as many rows as the budget allows:
-        # (rows + 1) * seq_len <= max_batch_tokens  <=>  rows + 1 <= max_batch_tokens // seq_len (seq_len > 0).
-        rows = max_batch_size if seq_len == 0 else max_batch_tokens // seq_len
-        if rows > max_batch_size:
-            rows = max_batch_size
-        if max_batch_attention > 0 and seq_len > 0 and rows > max_batch_attention // (seq_len * seq_len):
-            rows = max_batch_attention // (seq_len * seq_len)
-        if rows < 1:  # a single over-long row: a batch of its own
-            rows = 1
-        if rows > n - i:
-            rows = n - i
+        rows = take[i]
         i += rows
         seq_lens[n_batches] = seq_len
         n_batches += 1
@@ -542,14 +570,21 @@ cdef bint _is_fast_array(object row):
     return kind == "i" or (kind == "u" and row.dtype.itemsize < 8)
 
 
-def plan_batches(lengths, max_batch_tokens, max_batch_size, pad_multiple=1, max_batch_attention=0) -> Plan:
+def plan_batches(lengths, max_batch_tokens, max_batch_size, pad_multiple=1, max_batch_attention=0,
+                 batch_overhead_tokens=0) -> Plan:
     """Plan length-sorted batches under a token budget and a row cap.
 
-    Rows are taken longest first (ties by index). A batch's ``seq_len`` is its first (longest) row rounded up to
-    ``pad_multiple``; rows are added while ``(rows + 1) * seq_len <= max_batch_tokens``,
-    ``rows + 1 <= max_batch_size`` and, when ``max_batch_attention > 0``,
-    ``(rows + 1) * seq_len ** 2 <= max_batch_attention``. A row whose padded length alone exceeds a budget gets a batch
-    of its own.
+    Rows are taken longest first (ties by index) and every batch is a run of consecutive sorted rows. A batch's
+    ``seq_len`` is its first (longest) row rounded up to ``pad_multiple``; it may hold ``rows`` rows while
+    ``rows * seq_len <= max_batch_tokens``, ``rows <= max_batch_size`` and, when ``max_batch_attention > 0``,
+    ``rows * seq_len ** 2 <= max_batch_attention``. A row whose padded length alone exceeds a budget gets a batch of
+    its own.
+
+    With ``batch_overhead_tokens == 0`` each batch takes as many rows as the budgets allow (greedy). With
+    ``batch_overhead_tokens > 0`` the runs are the split that minimises ``padded_tokens + batch_overhead_tokens ×
+    batches`` under the same budgets (exact, by dynamic programming over the sorted rows; among equally cheap
+    choices a batch takes the most rows), so a short row is not padded to a long one's length only because the
+    budget had room for it.
 
     Args:
         lengths: int ``(U,)``: token count of each unique row, ``>= 0``.
@@ -558,16 +593,19 @@ def plan_batches(lengths, max_batch_tokens, max_batch_size, pad_multiple=1, max_
         pad_multiple: round each batch's ``seq_len`` up to a multiple of this (default 1: no rounding).
         max_batch_attention: attention scores per head per batch (``rows * seq_len ** 2``), which bound the memory
             of a batch of long rows (default 0: no cap).
+        batch_overhead_tokens: the fixed cost of one more batch, in padded tokens, ``>= 0`` (default 0: greedy).
 
     Raises:
         TypeError: ``lengths`` is not integral, or a budget is not an int.
-        ValueError: ``lengths`` is not 1-D or holds a negative value, or a budget is < 1.
+        ValueError: ``lengths`` is not 1-D or holds a negative value, or a budget is < 1 (``max_batch_attention``
+            and ``batch_overhead_tokens``: < 0).
     """
     lens = _check_lengths(lengths)
     cdef int64_t budget = _as_count(max_batch_tokens, "max_batch_tokens", 1)
     cdef int64_t cap = _as_count(max_batch_size, "max_batch_size", 1)
     cdef int64_t multiple = _as_count(pad_multiple, "pad_multiple", 1)
     cdef int64_t attention = _as_count(max_batch_attention, "max_batch_attention", 0)
+    cdef int64_t overhead = _as_count(batch_overhead_tokens, "batch_overhead_tokens", 0)
     cdef Py_ssize_t n = lens.shape[0]
     cdef int64_t max_len = int(lens.max()) if n else 0
     cdef int64_t padded = 0
@@ -588,9 +626,11 @@ def plan_batches(lengths, max_batch_tokens, max_batch_size, pad_multiple=1, max_
     seq_lens = np.empty(n, dtype=np.int64)
     cdef int64_t[::1] bounds_v = bounds
     cdef int64_t[::1] seq_lens_v = seq_lens
+    cdef int64_t[::1] take_v = np.empty(n, dtype=np.int64)
+    cdef int64_t[::1] best_v = np.empty(n + 1, dtype=np.int64)
     with nogil:
-        n_batches = _greedy_batches(lens_v, order_v, budget, cap, multiple, attention, bounds_v, seq_lens_v,
-                                    &padded)
+        n_batches = _plan_runs(lens_v, order_v, budget, cap, multiple, attention, overhead, take_v, best_v, bounds_v,
+                               seq_lens_v, &padded)
     return Plan(
         order=order,
         bounds=bounds[: n_batches + 1].copy(),

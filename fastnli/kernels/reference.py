@@ -271,14 +271,20 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def plan_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int, pad_multiple: int = 1,
-                 max_batch_attention: int = 0) -> Plan:
+                 max_batch_attention: int = 0, batch_overhead_tokens: int = 0) -> Plan:
     """Plan length-sorted batches under a token budget and a row cap.
 
-    Rows are taken longest first (ties by index). A batch's ``seq_len`` is its first (longest) row rounded up to
-    ``pad_multiple``; rows are added while ``(rows + 1) * seq_len <= max_batch_tokens``,
-    ``rows + 1 <= max_batch_size`` and, when ``max_batch_attention > 0``,
-    ``(rows + 1) * seq_len ** 2 <= max_batch_attention``. A row whose padded length alone exceeds a budget gets a batch
-    of its own.
+    Rows are taken longest first (ties by index) and every batch is a run of consecutive sorted rows. A batch's
+    ``seq_len`` is its first (longest) row rounded up to ``pad_multiple``; it may hold ``rows`` rows while
+    ``rows * seq_len <= max_batch_tokens``, ``rows <= max_batch_size`` and, when ``max_batch_attention > 0``,
+    ``rows * seq_len ** 2 <= max_batch_attention``. A row whose padded length alone exceeds a budget gets a batch of
+    its own.
+
+    With ``batch_overhead_tokens == 0`` each batch takes as many rows as the budgets allow (greedy). With
+    ``batch_overhead_tokens > 0`` the runs are the split that minimises ``padded_tokens + batch_overhead_tokens ×
+    batches`` under the same budgets (exact, by dynamic programming over the sorted rows; among equally cheap
+    choices a batch takes the most rows), so a short row is not padded to a long one's length only because the
+    budget had room for it.
 
     Args:
         lengths: int ``(U,)``: token count of each unique row, ``>= 0``.
@@ -287,32 +293,40 @@ def plan_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int
         pad_multiple: round each batch's ``seq_len`` up to a multiple of this (default 1: no rounding).
         max_batch_attention: attention scores per head per batch (``rows * seq_len ** 2``), which bound the memory
             of a batch of long rows (default 0: no cap).
+        batch_overhead_tokens: the fixed cost of one more batch, in padded tokens, ``>= 0`` (default 0: greedy).
 
     Raises:
         TypeError: ``lengths`` is not integral, or a budget is not an int.
-        ValueError: ``lengths`` is not 1-D or holds a negative value, or a budget is < 1.
+        ValueError: ``lengths`` is not 1-D or holds a negative value, or a budget is < 1 (``max_batch_attention``
+            and ``batch_overhead_tokens``: < 0).
     """
     lens = _check_lengths(lengths)
     budget = _as_count(max_batch_tokens, "max_batch_tokens", 1)
     cap = _as_count(max_batch_size, "max_batch_size", 1)
     multiple = _as_count(pad_multiple, "pad_multiple", 1)
     attention = _as_count(max_batch_attention, "max_batch_attention", 0)
+    overhead = _as_count(batch_overhead_tokens, "batch_overhead_tokens", 0)
     n = lens.shape[0]
     order = np.argsort(-lens, kind="stable").astype(np.int64)
+    seq = [_round_up(int(length), multiple) for length in lens[order]]
+    take = [_max_rows(seq[i], budget, cap, attention, n - i) for i in range(n)]  # greedy: the most rows allowed
+    if overhead:
+        best = [0] * (n + 1)  # best[i]: the cheapest cost of rows i.. of the sorted order
+        for i in range(n - 1, -1, -1):
+            costs = [r * seq[i] + best[i + r] for r in range(1, take[i] + 1)]
+            cheapest = min(costs)
+            take[i] = max(r for r in range(1, take[i] + 1) if costs[r - 1] == cheapest)
+            best[i] = cheapest + overhead
     bounds = [0]
     seq_lens: list[int] = []
     padded = 0
     i = 0
     while i < n:
-        seq_len = _round_up(int(lens[order[i]]), multiple)
-        rows = 1
-        while (i + rows < n and (rows + 1) * seq_len <= budget and rows + 1 <= cap
-               and (not attention or (rows + 1) * seq_len * seq_len <= attention)):
-            rows += 1
+        rows = take[i]
+        seq_lens.append(seq[i])
+        padded += rows * seq[i]
         i += rows
         bounds.append(i)
-        seq_lens.append(seq_len)
-        padded += rows * seq_len
     return Plan(
         order=order,
         bounds=np.asarray(bounds, dtype=np.int64),
@@ -320,6 +334,14 @@ def plan_batches(lengths: np.ndarray, max_batch_tokens: int, max_batch_size: int
         real_tokens=int(lens.sum()),
         padded_tokens=padded,
     )
+
+
+def _max_rows(seq_len: int, budget: int, cap: int, attention: int, left: int) -> int:
+    """The most rows a batch of padded length ``seq_len`` may hold under the budgets, at least 1, at most ``left``."""
+    rows = cap if seq_len == 0 else min(cap, budget // seq_len)
+    if attention and seq_len:
+        rows = min(rows, attention // (seq_len * seq_len))
+    return min(max(rows, 1), left)
 
 
 def fill_batch(
