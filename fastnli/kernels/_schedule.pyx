@@ -325,8 +325,8 @@ cdef Py_ssize_t _plan_runs(
     int64_t pad_multiple,         # IN  >= 1
     int64_t max_batch_attention,  # IN  >= 0 (0: no cap)
     int64_t batch_overhead,       # IN  >= 0 (0: greedy)
-    int64_t[::1] take,            # TMP (U,) rows of the batch that starts at each sorted position
-    int64_t[::1] best,            # TMP (U+1,) cheapest cost of the sorted rows from each position on
+    int64_t[::1] take,            # SCRATCH (U,) rows of the batch that starts at each sorted position
+    int64_t[::1] best,            # SCRATCH (U+1,) cheapest cost of the sorted rows from each position on
     int64_t[::1] bounds,          # OUT (U+1,) bounds[:B+1] used
     int64_t[::1] seq_lens,        # OUT (U,) seq_lens[:B] used
     int64_t* padded_tokens,       # OUT sum of rows * seq_len
