@@ -123,6 +123,9 @@ def test_evaluate_reads_each_category_by_its_rule() -> None:
                       [0.0, 0.1, 0.9], [0.1, 0.8, 0.1]])  # specific -> general entailment, back neutral: right
     res = evaluate(rows, probs)
     assert res["categories"]["year_swap"]["value"] == 1.0
+    assert res["categories"]["year_swap"]["both_ways"] == 0.0  # ... but not both ways, which NCP's mean needs
+    assert (res["groups"]["bare"]["value_swaps"], res["groups"]["bare"]["value_swaps_both_ways"]) == (1.0, 0.0)
+    assert "both_ways" not in res["categories"]["format_variant"]
     assert res["categories"]["format_variant"]["value"] == 0.0
     assert res["categories"]["more_specific"]["value"] == 1.0
     # pair scores: swap 1 - (0.6 + 0.1) / 2 = 0.65; agreeing pairs 0.95 and 0.95: AUROC 1

@@ -275,6 +275,19 @@ def test_card_long_premise_table_gives_each_label_kept_before_and_now() -> None:
     assert "| neutral kept (before / now) |" in table
 
 
+def test_card_form_table_shows_flagged_both_ways_once_a_record_has_it() -> None:
+    old = {"value_swaps": 0.99, "meaning_kept": 0.95, "agreement_auroc": 0.995}
+    new = {**old, "value_swaps_both_ways": 0.974}
+    table = ship.mission_tables({"mission": {"test": {"categories": {}, "groups": {"bare": new}, "long": {}}},
+                                 "mission_previous": {"test": {"categories": {}, "groups": {"bare": old}, "long": {}}}})
+    assert ("| inputs | value swaps flagged (before / now) | value swaps flagged both ways (before / now) | meaning "
+            "kept both ways (before / now) | agreement AUROC (before / now) |") in table
+    assert "| bare | 0.990 / 0.990 | n/a / 0.974 | 0.950 / 0.950 | 0.995 / 0.995 |" in table
+    table = ship.mission_tables({"mission": {"test": {"categories": {}, "groups": {"bare": old}, "long": {}}}})
+    assert "both ways (before" not in table.replace("meaning kept both ways (before", "")
+    assert "| bare | n/a / 0.990 | n/a / 0.950 | n/a / 0.995 |" in table
+
+
 def test_weights_delta_round_trip_is_within_float16_rounding_and_refuses_another_base(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     from safetensors.torch import load_file, save_file

@@ -3,7 +3,8 @@
 Reads the ``dev.jsonl`` / ``test.jsonl`` written by ``answer_data.py`` and reports, per category:
 
 - value swaps (years, dates, numbers, quantities, units, entities, numbers in sentences, negation): the share of
-  pairs flagged as contradiction (P(contradiction) > 0.5 in either direction);
+  pairs flagged as contradiction (P(contradiction) > 0.5 in either direction), and flagged both ways (NCP averages
+  the two directions, so a swap flagged one way only counts half a contradiction there);
 - meaning-keeping variants (formats, aliases, equivalent units, digits vs words): the share scored entailment
   (argmax) in both directions;
 - more/less specific answers: directed-label accuracy (specific -> general: entailment; back: not entailment);
@@ -39,6 +40,8 @@ from tools.default_model.answer_data import MEANING_KEPT, ONE_WAY, VALUE_SWAPS, 
 LABELS = ("contradiction", "neutral", "entailment")
 #: the long-premise figures per filler length, in the rendered table's order
 LONG_FIGURES = ("accuracy", "entailment_kept", "contradiction_kept", "neutral_kept", "false_entailment")
+#: the figures per input form, in the rendered table's order
+GROUP_FIGURES = ("value_swaps", "value_swaps_both_ways", "meaning_kept", "agreement_auroc")
 C, N, E = 0, 1, 2
 FORMS = ("", "+sentence", "+question")  # bare answers, one-sentence answers, question-aware inputs
 
@@ -76,8 +79,10 @@ def evaluate(rows: Sequence[dict[str, Any]], probs: np.ndarray) -> dict[str, Any
         ij = np.array(pair_list)
         pc = probs[ij, C]
         score = 1 - pc.mean(1)
+        extra: dict[str, float] = {}
         if base in VALUE_SWAPS:
             metric, value = "flagged_contradiction", float((pc.max(1) > 0.5).mean())
+            extra["both_ways"] = round(float((pc.min(1) > 0.5).mean()), 4)
             agree_scores.setdefault(form, ([], []))[1].extend(score.tolist())
         elif base in MEANING_KEPT:
             metric, value = "entailment_both_ways", float((pred[ij] == E).all(1).mean())
@@ -88,7 +93,7 @@ def evaluate(rows: Sequence[dict[str, Any]], probs: np.ndarray) -> dict[str, Any
         else:
             continue
         categories[cat] = {"pairs": len(pair_list), "metric": metric, "value": round(value, 4),
-                           "mean_pair_score": round(float(score.mean()), 4)}
+                           "mean_pair_score": round(float(score.mean()), 4), **extra}
     groups: dict[str, dict[str, float]] = {}
     for form in FORMS:
         for kind, names in (("value_swaps", VALUE_SWAPS), ("meaning_kept", MEANING_KEPT)):
@@ -96,8 +101,11 @@ def evaluate(rows: Sequence[dict[str, Any]], probs: np.ndarray) -> dict[str, Any
                                                                                else "") == form]
             n = sum(categories[c]["pairs"] for c in cats)
             if n:
-                groups.setdefault(form or "bare", {})[kind] = round(
-                    sum(categories[c]["value"] * categories[c]["pairs"] for c in cats) / n, 4)
+                group = groups.setdefault(form or "bare", {})
+                group[kind] = round(sum(categories[c]["value"] * categories[c]["pairs"] for c in cats) / n, 4)
+                if kind == "value_swaps":
+                    group["value_swaps_both_ways"] = round(
+                        sum(categories[c]["both_ways"] * categories[c]["pairs"] for c in cats) / n, 4)
         pos, neg = agree_scores.get(form, ([], []))
         if pos and neg:
             groups.setdefault(form or "bare", {})["agreement_auroc"] = round(auroc(np.array(pos), np.array(neg)), 4)
@@ -181,10 +189,10 @@ def render(result: dict[str, Any]) -> str:
     lines = ["| category | pairs | metric | value | mean pair score |", "|---|---|---|---|---|"]
     for cat, c in result["categories"].items():
         lines.append(f"| {cat} | {c['pairs']} | {c['metric']} | {c['value']:.3f} | {c['mean_pair_score']:.3f} |")
-    lines += ["", "| form | value swaps flagged | meaning kept both ways | agreement AUROC |", "|---|---|---|---|"]
+    lines += ["", "| form | value swaps flagged | value swaps flagged both ways | meaning kept both ways | "
+              "agreement AUROC |", "|---|---|---|---|---|"]
     for form, g in result["groups"].items():
-        lines.append(f"| {form} | {g.get('value_swaps', float('nan')):.3f} | {g.get('meaning_kept', float('nan')):.3f}"
-                     f" | {g.get('agreement_auroc', float('nan')):.3f} |")
+        lines.append(f"| {form} | " + " | ".join(f"{g.get(k, float('nan')):.3f}" for k in GROUP_FIGURES) + " |")
     lines += ["", "| filler words | premise words | accuracy | entailment kept | contradiction kept | neutral kept | "
               "false entailment without evidence |", "|---|---|---|---|---|---|---|"]
     for words, e in result["long"].items():

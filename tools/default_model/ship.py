@@ -350,12 +350,14 @@ def mission_tables(q: dict[str, Any]) -> str:
     lines = ["| category | pairs | metric | before | now |", "|---|---|---|---|---|"]
     for cat, c in now["categories"].items():
         lines.append(f"| {cat} | {c['pairs']} | {c['metric']} | {cell(before, cat)} | {c['value']:.3f} |")
-    lines += ["", "| inputs | value swaps flagged (before / now) | meaning kept both ways (before / now) | "
-              "agreement AUROC (before / now) |", "|---|---|---|---|"]
+    figures = {"value_swaps": "value swaps flagged", "value_swaps_both_ways": "value swaps flagged both ways",
+               "meaning_kept": "meaning kept both ways", "agreement_auroc": "agreement AUROC"}
+    shown = [k for k in figures if any(k in g for g in now["groups"].values())]  # records before a figure existed
+    lines += ["", "| inputs | " + " | ".join(f"{figures[k]} (before / now)" for k in shown) + " |",
+              "|---|" + "---|" * len(shown)]
     for form, g in now["groups"].items():
         b = (before or {}).get("groups", {}).get(form, {})
-        lines.append(" | ".join([f"| {form}"] + [f"{b.get(k, float('nan')):.3f} / {g.get(k, float('nan')):.3f}" for k in
-                                                 ("value_swaps", "meaning_kept", "agreement_auroc")]) + " |")
+        lines.append(" | ".join([f"| {form}"] + [f"{_figure(b.get(k))} / {_figure(g.get(k))}" for k in shown]) + " |")
     lines += ["", "| filler words | premise words | accuracy (before / now) | entailment kept (before / now) | "
               "contradiction kept (before / now) | neutral kept (before / now) | false entailment without the "
               "evidence (before / now) |", "|---|---|---|---|---|---|---|"]
