@@ -138,3 +138,23 @@ def test_long_premise_reports_support_found_and_false_support(tmp_path: Path) ->
         assert (r["false_support"] is None) == (r["mode"] == "alone")
         assert r["false_support"] is None or 0.0 <= r["false_support"] <= 1.0
     assert "| depth (tokens) | truncate found | truncate false |" in (tmp_path / "long_premise.md").read_text()
+
+
+def test_batch_split_compares_overheads_with_equal_probabilities(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """bench.batch_split at a small size with the embedded model: each workload has a cell per overhead, the split
+    pads less than full batches, and the probabilities do not move."""
+    from conftest import SHARED_DATA
+
+    from bench import batch_split
+
+    out = tmp_path / "split.json"
+    assert batch_split.main(["--data", str(SHARED_DATA), "--overheads", "0,32", "--repeats", "1", "--snli", "40",
+                             "--mnli", "20", "--prompts", "6", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"bench short NCP", "bench mixed NCP", "bench long NCP", "snli/dev", "mnli/dev_matched"}
+    for r in results.values():
+        full, split = r["cells"]["0"], r["cells"]["32"]
+        assert r["max_abs_delta"] <= 1e-6 and full["speedup"] == 1.0
+        assert split["padding_efficiency"] >= full["padding_efficiency"] and split["batches"] >= full["batches"]
+    assert "| workload (unique pairs) | overhead 0 | overhead 32 |" in capsys.readouterr().out

@@ -42,7 +42,7 @@ class BatchPolicy:
 
 
 #: CPU batches: the cheapest split at 32 tokens of overhead per batch (docs/engine.md: the default model, INT8, 2-core
-#: AMD EPYC Zen 1, 1.01-1.44x the pairs/s of full batches on snli/dev, MultiNLI and the bench's NCP workloads).
+#: AMD EPYC Zen 1, 1.04-1.45x the pairs/s of full batches on snli/dev, MultiNLI and the bench's NCP workloads).
 CPU_POLICY = BatchPolicy(max_batch_tokens=4096, max_batch_size=64, pad_multiple=1, max_batch_attention=512 * 512,
                          batch_overhead_tokens=32)
 CUDA_POLICY = BatchPolicy(max_batch_tokens=32768, max_batch_size=512, pad_multiple=8)
