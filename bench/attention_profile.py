@@ -119,20 +119,11 @@ def build_and_export(arch: str, layers: int, root: Path, graph: str = "window") 
     return ck, art
 
 
-def ncp_pairs(workload: Any) -> list[tuple[str, str]]:
-    """The directed (response, sample) and (sample, response) pairs NCP scores on ``workload``."""
-    pairs = []
-    for response, samples in zip(workload.responses, workload.sampled_responses, strict=True):
-        for sample in samples:
-            pairs += [(response, sample), (sample, response)]
-    return pairs
-
-
 def end_to_end(graphs: dict[str, Path], precision: str, runs: int) -> dict[str, Any]:
     """Seconds of ``NLIEngine.predict`` per graph (the artifact directories of ``graphs``, by label) on the short and
     long NCP workloads, the graphs alternating within each run; best of ``runs``. The first graph is the reference of
     the ratios and of the largest probability difference."""
-    from bench.workloads import long_workload, short_workload
+    from bench.workloads import long_workload, ncp_pairs, short_workload
     from fastnli.engine import NLIEngine
 
     engines = {label: NLIEngine(art, device="cpu", precision=precision)  # type: ignore[arg-type]

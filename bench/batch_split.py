@@ -23,15 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.workloads import Workload, long_workload, mixed_workload, short_workload
+from bench.workloads import Workload, long_workload, mixed_workload, ncp_pairs, short_workload
 from fastnli.engine import NLIEngine
 from fastnli.engine.session import cpu_model_name, int8_isa
-
-
-def directed_pairs(workload: Workload) -> list[tuple[str, str]]:
-    """The distinct directed (response, sample) pairs that NCP scores, in a fixed order."""
-    pairs = {(r, s) for r, samples in zip(workload.responses, workload.sampled_responses) for s in samples}
-    return sorted(pairs | {(s, r) for r, s in pairs})
 
 
 def workloads(data: Path, n_snli: int, n_mnli: int, prompts: int | None = None) -> dict[str, list[tuple[str, str]]]:
@@ -42,9 +36,12 @@ def workloads(data: Path, n_snli: int, n_mnli: int, prompts: int | None = None) 
     def split(source: str, n: int) -> list[tuple[str, str]]:
         return [(r["premise"], r["hypothesis"]) for r in rows if r["source"] == source][:n]
 
-    return {"bench short NCP": directed_pairs(short_workload(prompts=prompts or 200)),
-            "bench mixed NCP": directed_pairs(mixed_workload(prompts=prompts or 100)),
-            "bench long NCP": directed_pairs(long_workload(prompts=prompts or 12)),
+    def distinct(workload: Workload) -> list[tuple[str, str]]:
+        return sorted(set(ncp_pairs(workload)))
+
+    return {"bench short NCP": distinct(short_workload(prompts=prompts or 200)),
+            "bench mixed NCP": distinct(mixed_workload(prompts=prompts or 100)),
+            "bench long NCP": distinct(long_workload(prompts=prompts or 12)),
             "snli/dev": split("snli/dev", n_snli), "mnli/dev_matched": split("mnli/dev_matched", n_mnli)}
 
 

@@ -69,6 +69,15 @@ def _ncp(name: str, prompts: int, samples: int, seed: int, make: object) -> Work
     return Workload(name, responses, sampled)
 
 
+def ncp_pairs(workload: Workload) -> list[tuple[str, str]]:
+    """The directed (response, sample) and (sample, response) pairs NCP scores on ``workload``, repeats included."""
+    pairs = []
+    for response, samples in zip(workload.responses, workload.sampled_responses, strict=True):
+        for sample in samples:
+            pairs += [(response, sample), (sample, response)]
+    return pairs
+
+
 def short_workload(prompts: int = 200, samples: int = 5, seed: int = 0) -> Workload:
     """QA-style answers of 1–8 words with heavy duplication (the issue's 200 prompts × 5 samples)."""
     return _ncp("short", prompts, samples, seed, _short_answer)
