@@ -40,8 +40,9 @@ from tools.default_model.answer_data import MEANING_KEPT, ONE_WAY, VALUE_SWAPS, 
 LABELS = ("contradiction", "neutral", "entailment")
 #: the long-premise figures per filler length, in the rendered table's order
 LONG_FIGURES = ("accuracy", "entailment_kept", "contradiction_kept", "neutral_kept", "false_entailment")
-#: the figures per input form, in the rendered table's order
-GROUP_FIGURES = ("value_swaps", "value_swaps_both_ways", "meaning_kept", "agreement_auroc")
+#: the figures per input form and their names in tables, in the tables' order
+GROUP_FIGURES = {"value_swaps": "value swaps flagged", "value_swaps_both_ways": "value swaps flagged both ways",
+                 "meaning_kept": "meaning kept both ways", "agreement_auroc": "agreement AUROC"}
 C, N, E = 0, 1, 2
 FORMS = ("", "+sentence", "+question")  # bare answers, one-sentence answers, question-aware inputs
 
@@ -189,8 +190,7 @@ def render(result: dict[str, Any]) -> str:
     lines = ["| category | pairs | metric | value | mean pair score |", "|---|---|---|---|---|"]
     for cat, c in result["categories"].items():
         lines.append(f"| {cat} | {c['pairs']} | {c['metric']} | {c['value']:.3f} | {c['mean_pair_score']:.3f} |")
-    lines += ["", "| form | value swaps flagged | value swaps flagged both ways | meaning kept both ways | "
-              "agreement AUROC |", "|---|---|---|---|---|"]
+    lines += ["", "| form | " + " | ".join(GROUP_FIGURES.values()) + " |", "|---|" + "---|" * len(GROUP_FIGURES)]
     for form, g in result["groups"].items():
         lines.append(f"| {form} | " + " | ".join(f"{g.get(k, float('nan')):.3f}" for k in GROUP_FIGURES) + " |")
     lines += ["", "| filler words | premise words | accuracy | entailment kept | contradiction kept | neutral kept | "

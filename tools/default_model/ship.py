@@ -350,8 +350,7 @@ def mission_tables(q: dict[str, Any]) -> str:
     lines = ["| category | pairs | metric | before | now |", "|---|---|---|---|---|"]
     for cat, c in now["categories"].items():
         lines.append(f"| {cat} | {c['pairs']} | {c['metric']} | {cell(before, cat)} | {c['value']:.3f} |")
-    figures = {"value_swaps": "value swaps flagged", "value_swaps_both_ways": "value swaps flagged both ways",
-               "meaning_kept": "meaning kept both ways", "agreement_auroc": "agreement AUROC"}
+    figures = mission_eval.GROUP_FIGURES
     shown = [k for k in figures if any(k in g for g in now["groups"].values())]  # records before a figure existed
     lines += ["", "| inputs | " + " | ".join(f"{figures[k]} (before / now)" for k in shown) + " |",
               "|---|" + "---|" * len(shown)]
