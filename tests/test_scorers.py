@@ -156,6 +156,100 @@ def test_cli_score_jsonl_and_csv(art_v1: Path, tmp_path: Path) -> None:
     assert rows_csv[0]["sampled_responses"] == ["Lyon", "Paris"] and rows_csv[1]["sampled_responses"] == ["Mars"]
 
 
+
+def _bad_and_good_lines() -> tuple[list[str], dict[int, str]]:
+    """Input lines of a score file mixing scorable records with bad ones, and each bad line's expected error."""
+    lines = ['{"id": 1, "prompt": "Capital?", "response": "Paris", "sampled_responses": ["Lyon", "Paris"]}',
+             '{"id": 2, "response": "a", ',
+             '{"id": 3, "prompt": "Capital?", "response": 5, "sampled_responses": ["a"]}',
+             '[1, 2]',
+             '{"id": 5, "response": "Lyon", "sampled_responses": ["Paris"]}',
+             '{"id": 6, "prompt": "Capital?", "response": "Lyon", "sampled_responses": ["Paris", 7]}',
+             '{"id": 7, "prompt": "Capital?", "response": "Lyon", "sampled_responses": ["Paris, France"]}']
+    errors = {2: "in.jsonl:2: not valid JSON (Expecting property name enclosed in double quotes); each line must be "
+                 "one JSON object",
+              3: "in.jsonl:3: field 'response' must be a string, got int",
+              4: "in.jsonl:4: expected a JSON object, got list",
+              5: "in.jsonl:5: missing field 'prompt'; other records have one: give every record its question or none",
+              6: "in.jsonl:6: field 'sampled_responses'[1] must be a string, got int"}
+    return lines, errors
+
+
+def test_cli_score_keeps_invalid_records_in_place(art_v1: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    from fastnli.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    lines, errors = _bad_and_good_lines()
+    Path("in.jsonl").write_text("\n".join(lines[:4]) + "\n\n" + "\n".join(lines[4:]) + "\n")
+    errors = {k + (k >= 5): v.replace(f"in.jsonl:{k}:", f"in.jsonl:{k + (k >= 5)}:") for k, v in errors.items()}
+    args = ["score", "in.jsonl", "-o", "out.jsonl", "--model", str(art_v1), "--precision", "fp32", "--no-progress"]
+    with pytest.raises(ValueError, match=re.escape(errors[2])):  # the default stops at the first bad line
+        read_score_input("in.jsonl")
+    assert main(args) != 0 and not Path("out.jsonl").exists()
+    assert main([*args, "--on-invalid", "keep"]) == 0
+    out = [json.loads(x) for x in Path("out.jsonl").read_text().splitlines()]
+    assert len(out) == len(lines)  # every non-blank input line, in its place
+    assert [r.get("error") for r in out] == [errors.get(n) for n in (1, 2, 3, 4, 6, 7, 8)]
+    assert [r.get("id") for r in out] == [1, None, 3, None, 5, 6, 7]
+    assert "noncontradiction" not in out[2] and out[2]["response"] == 5  # a bad record keeps its fields, no score
+    engine = NLIEngine.from_pretrained(art_v1, device="cpu", precision="fp32")
+    ref = score(["Paris", "Lyon"], [["Lyon", "Paris"], ["Paris, France"]], engine=engine,
+                prompts=["Capital?", "Capital?"])
+    assert [out[0]["noncontradiction"], out[6]["noncontradiction"]] == pytest.approx(
+        [r.noncontradiction for r in ref], abs=1e-6)  # the good records score as they would alone
+    assert "5 of 7 records of in.jsonl could not be scored and are kept with an 'error' field; the first: " \
+        + errors[2] in caplog.text
+
+
+def test_cli_keep_invalid_edge_cases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from fastnli.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    Path("bad.jsonl").write_text('{"response": 1, "sampled_responses": ["a"]}\n{"premise": "a"}\n')
+    missing_model = str(tmp_path / "no-such-model")  # loading it would fail: nothing valid, nothing loaded
+    assert main(["score", "bad.jsonl", "-o", "s.jsonl", "--on-invalid", "keep", "--model", missing_model]) == 0
+    assert [json.loads(x)["error"] for x in Path("s.jsonl").read_text().splitlines()] == [
+        "bad.jsonl:1: field 'response' must be a string, got int", "bad.jsonl:2: missing field 'response'"]
+    assert main(["predict", "bad.jsonl", "-o", "p.jsonl", "--on-invalid", "keep", "--model", missing_model]) == 0
+    assert [json.loads(x)["error"] for x in Path("p.jsonl").read_text().splitlines()] == [
+        "bad.jsonl:1: missing field 'premise' (a string)", "bad.jsonl:2: missing field 'hypothesis' (a string)"]
+    capsys.readouterr()
+    Path("clash.jsonl").write_text('{"response": "a", "sampled_responses": ["b"], "error": 0}\n')
+    assert main(["score", "clash.jsonl", "--on-invalid", "keep", "--model", missing_model]) != 0
+    assert "clash.jsonl:1: the record has a field 'error', where --on-invalid keep writes the errors; rename that " \
+        "field, or use --on-invalid stop" in " ".join(capsys.readouterr().err.split())
+    assert main(["score", "bad.jsonl", "--on-invalid", "keep", "--ray", "local", "-o", "r.jsonl"]) != 0
+    assert "--on-invalid keep is not available with --ray" in " ".join(capsys.readouterr().err.split())
+    Path("in.csv").write_text('response,sampled_responses\nParis,"[""Lyon""]"\nLyon,not json\n')
+    rows = read_score_input("in.csv", keep_invalid=True)
+    assert [r.get("_error") for r in rows] == [
+        None, "in.csv:3: field 'sampled_responses' must hold a JSON list of strings"]
+
+
+def test_cli_predict_keeps_invalid_records_in_place(art_v1: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastnli.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    Path("pairs.jsonl").write_text('{"premise": "A man sleeps.", "hypothesis": "A man rests."}\n'
+                                   '{"premise": "A man sleeps.", "hypothesis": ["x"]}\n'
+                                   'oops\n'
+                                   '{"id": 4, "premise": "A dog runs.", "hypothesis": "An animal moves."}\n')
+    args = ["predict", "pairs.jsonl", "-o", "out.jsonl", "--model", str(art_v1), "--precision", "fp32"]
+    assert main(args) != 0
+    assert main([*args, "--on-invalid", "keep"]) == 0
+    out = [json.loads(x) for x in Path("out.jsonl").read_text().splitlines()]
+    assert [r.get("error") for r in out] == [
+        None, "pairs.jsonl:2: field 'hypothesis' must be a string, got list",
+        "pairs.jsonl:3: not valid JSON (Expecting value); each line must be one JSON object", None]
+    engine = NLIEngine.from_pretrained(art_v1, device="cpu", precision="fp32")
+    probs = engine.predict([("A man sleeps.", "A man rests."), ("A dog runs.", "An animal moves.")])
+    got = np.array([[r[label] for label in engine.labels] for r in (out[0], out[3])])
+    np.testing.assert_allclose(got, probs, atol=1e-6)
+    assert out[3]["id"] == 4 and out[1]["hypothesis"] == ["x"]
+
 @pytest.mark.parametrize(
     "line, message",
     [

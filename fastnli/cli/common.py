@@ -10,7 +10,7 @@ import contextlib
 import json
 import logging
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +71,12 @@ def engine_from_args(args: argparse.Namespace) -> Any:
     return engine
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Read a JSON-lines file; raises ValueError naming the line of a malformed record."""
+def read_jsonl(path: str | Path, keep_invalid: bool = False) -> list[dict[str, Any]]:
+    """Read a JSON-lines file; each record gets its line number as ``_line``.
+
+    A line that is not a JSON object raises ValueError naming the line, or, with ``keep_invalid``, becomes a record
+    holding only ``_line`` and that message as ``_error`` (see :func:`mark_invalid`).
+    """
     rows = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -81,12 +85,76 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc.msg}); each line must be one JSON object") \
-                    from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            rows.append({"_line": lineno, **obj})
+                message = f"{path}:{lineno}: not valid JSON ({exc.msg}); each line must be one JSON object"
+            else:
+                if isinstance(obj, dict):
+                    rows.append({"_line": lineno, **obj})
+                    continue
+                message = f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}"
+            if not keep_invalid:
+                raise ValueError(message)
+            rows.append({"_line": lineno, ERROR_KEY: message})
     return rows
+
+
+#: ``--on-invalid``: what a subcommand does with an input record it cannot score (``stop``: fail the run on the
+#: first, naming its line and field; ``keep``: write it in its place with an ``error`` field and score the rest)
+ON_INVALID = ("stop", "keep")
+#: where :func:`mark_invalid` keeps a record's error until the output names it ``error``
+ERROR_KEY = "_error"
+
+
+def add_on_invalid_argument(p: argparse.ArgumentParser) -> None:
+    """``--on-invalid stop|keep`` (:data:`ON_INVALID`)."""
+    p.add_argument("--on-invalid", choices=ON_INVALID, default="stop",
+                   help="an input record that cannot be scored (not JSON, a field missing or of the wrong type): stop "
+                   "(default) fails the run on the first, naming its line and field; keep writes it in its place with "
+                   "an 'error' field (and no scores), scores the others and logs how many were kept")
+
+
+def mark_invalid(rows: list[dict[str, Any]], check: Callable[[dict[str, Any], str], None], path: str | Path,
+                 keep_invalid: bool) -> list[dict[str, Any]]:
+    """Run ``check(row, "path:line")`` on every readable row and return the rows that pass.
+
+    A row that fails raises the check's ValueError, or, with ``keep_invalid``, keeps the message as ``_error`` (and
+    stays in ``rows``, in its place). With ``keep_invalid``, a record that already has an ``error`` field is refused
+    (ValueError), since the output writes the errors there.
+    """
+    valid = []
+    for r in rows:
+        if ERROR_KEY in r:
+            continue
+        if keep_invalid and "error" in r:
+            raise ValueError(f"{path}:{r['_line']}: the record has a field 'error', where --on-invalid keep writes "
+                             "the errors; rename that field, or use --on-invalid stop")
+        try:
+            check(r, f"{path}:{r['_line']}")
+        except ValueError as exc:
+            if not keep_invalid:
+                raise
+            r[ERROR_KEY] = str(exc)
+            continue
+        valid.append(r)
+    return valid
+
+
+def output_records(rows: list[dict[str, Any]], outputs: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Every input row in its place: the invalid ones as their fields plus ``error``, the others as the next of
+    ``outputs`` (one per valid row, in order)."""
+    it = iter(outputs)
+    for r in rows:
+        if ERROR_KEY in r:
+            yield {**{k: v for k, v in r.items() if k not in ("_line", ERROR_KEY)}, "error": r[ERROR_KEY]}
+        else:
+            yield next(it)
+
+
+def log_invalid(rows: list[dict[str, Any]], path: str | Path) -> None:
+    """Warn how many records of ``path`` were kept with an error, quoting the first."""
+    bad = [r[ERROR_KEY] for r in rows if ERROR_KEY in r]
+    if bad:
+        logger.warning("%d of %d records of %s could not be scored and are kept with an 'error' field; the first: %s",
+                       len(bad), len(rows), path, bad[0])
 
 
 def write_jsonl(path: str | Path | None, records: Iterable[dict[str, Any]]) -> None:

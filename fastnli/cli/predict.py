@@ -4,31 +4,51 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import Any
 
 from rich.markup import escape
 
-from fastnli.cli.common import add_engine_arguments, console, engine_from_args, read_jsonl, write_jsonl
+from fastnli.cli.common import (
+    add_engine_arguments,
+    add_on_invalid_argument,
+    console,
+    engine_from_args,
+    log_invalid,
+    mark_invalid,
+    output_records,
+    read_jsonl,
+    write_jsonl,
+)
 from fastnli.cli.export import print_manifest
 
 logger = logging.getLogger("fastnli")
 
 
+def _check_pair(record: dict[str, Any], where: str) -> None:
+    """Raise ValueError naming ``where`` and the field when ``record`` is not a (premise, hypothesis) pair."""
+    for key in ("premise", "hypothesis"):
+        if key not in record:
+            raise ValueError(f"{where}: missing field {key!r} (a string)")
+        if not isinstance(record[key], str):
+            raise ValueError(f"{where}: field {key!r} must be a string, got {type(record[key]).__name__}")
+
+
 def _cmd_predict(args: argparse.Namespace) -> int:
-    rows = read_jsonl(args.input)
-    pairs = []
-    for r in rows:
-        for key in ("premise", "hypothesis"):
-            if not isinstance(r.get(key), str):
-                raise ValueError(f"{args.input}:{r['_line']}: field {key!r} must be a string")
-        pairs.append((r["premise"], r["hypothesis"]))
+    keep_invalid = args.on_invalid == "keep"
+    rows = read_jsonl(args.input, keep_invalid)
+    valid = mark_invalid(rows, _check_pair, args.input, keep_invalid)
+    log_invalid(rows, args.input)
+    if not valid:
+        write_jsonl(args.output, output_records(rows, []))
+        logger.info("no record of %s could be scored; the model was not loaded", args.input)
+        return 0
     engine = engine_from_args(args)
-    result = engine.predict_detailed(pairs, long_premise=args.long_premise)
+    result = engine.predict_detailed([(r["premise"], r["hypothesis"]) for r in valid], long_premise=args.long_premise)
     stats = result.stats
-    write_jsonl(args.output, ({**{k: v for k, v in r.items() if k != "_line"},
-                              **{lab: float(x) for lab, x in zip(engine.labels, p)},
-                              "label": engine.labels[int(p.argmax())], "truncated": bool(cut),
-                              **({"window": int(w)} if w >= 0 else {})}
-                             for r, p, cut, w in zip(rows, result.probs, result.truncated, result.best_window)))
+    write_jsonl(args.output, output_records(rows, (
+        {**{k: v for k, v in r.items() if k != "_line"}, **{lab: float(x) for lab, x in zip(engine.labels, p)},
+         "label": engine.labels[int(p.argmax())], "truncated": bool(cut), **({"window": int(w)} if w >= 0 else {})}
+        for r, p, cut, w in zip(valid, result.probs, result.truncated, result.best_window))))
     logger.info("%d pairs (%d unique, %d read in windows, %d truncated) in %.2f s on %s/%s, padding efficiency %.3f",
                 stats.pairs_in, stats.unique_pairs, stats.chunked_pairs, stats.truncated_pairs, stats.seconds,
                 engine.device, engine.precision, stats.padding_efficiency)
@@ -68,6 +88,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--long-premise", default="truncate", choices=["truncate", "chunk"],
                    help="a pair longer than the model: truncate (default, reported) or chunk (premise in windows)")
     p.add_argument("-o", "--output", default=None, help="output JSONL (default: stdout)")
+    add_on_invalid_argument(p)
     add_engine_arguments(p)
     p.set_defaults(func=_cmd_predict)
 

@@ -18,21 +18,26 @@ from pathlib import Path
 from typing import Any
 
 from fastnli.cli.common import (
+    ERROR_KEY,
     SWITCH,
     add_align_units_argument,
     add_engine_arguments,
+    add_on_invalid_argument,
     engine_from_args,
+    log_invalid,
+    mark_invalid,
+    output_records,
     read_jsonl,
     write_jsonl,
 )
 from fastnli.engine import CPU_POLICY, CUDA_POLICY
 from fastnli.scorers.api import SCORERS, score
-from fastnli.scorers.records import check_record, record_prompts
+from fastnli.scorers.records import check_record, missing_prompt_message, record_prompts
 
 logger = logging.getLogger("fastnli")
 
 
-def _read_csv(path: str | Path) -> list[dict[str, Any]]:
+def _read_csv(path: str | Path, keep_invalid: bool = False) -> list[dict[str, Any]]:
     rows = []
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
@@ -47,8 +52,10 @@ def _read_csv(path: str | Path) -> list[dict[str, Any]]:
                 try:
                     row["sampled_responses"] = json.loads(rec["sampled_responses"] or "null")
                 except json.JSONDecodeError:
-                    raise ValueError(f"{path}:{lineno}: field 'sampled_responses' must hold a JSON list of strings")\
-                        from None
+                    message = f"{path}:{lineno}: field 'sampled_responses' must hold a JSON list of strings"
+                    if not keep_invalid:
+                        raise ValueError(message) from None
+                    row[ERROR_KEY] = message
             elif sample_cols:
                 row["sampled_responses"] = [rec[c] for c in sample_cols if rec.get(c)]
                 for c in sample_cols:
@@ -59,11 +66,19 @@ def _read_csv(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def read_score_input(path: str | Path) -> list[dict[str, Any]]:
-    """Read and check a score input file; errors name the line and the field."""
-    rows = _read_csv(path) if str(path).lower().endswith(".csv") else read_jsonl(path)
-    for r in rows:
-        check_record(r, f"{path}:{r['_line']}")
+def read_score_input(path: str | Path, keep_invalid: bool = False) -> list[dict[str, Any]]:
+    """Read and check a score input file; errors name the line and the field.
+
+    Every record gets ``_line``. Without ``keep_invalid`` the first bad record raises ValueError; with it, bad records
+    stay in place marked with their message (``fastnli.cli.common.ERROR_KEY``), including, when some records have a
+    ``prompt``, the ones without.
+    """
+    rows = _read_csv(path, keep_invalid) if str(path).lower().endswith(".csv") else read_jsonl(path, keep_invalid)
+    valid = mark_invalid(rows, check_record, path, keep_invalid)
+    if keep_invalid and any(r.get("prompt") is not None for r in valid):
+        for r in valid:
+            if r.get("prompt") is None:
+                r[ERROR_KEY] = missing_prompt_message(f"{path}:{r['_line']}")
     return rows
 
 
@@ -83,6 +98,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="read each answer as an answer to its record's 'prompt': auto (default) where the model was "
                    "trained so (the embedded default model), on for any model, off for uqlm's exact inputs")
     add_align_units_argument(p, "each compared answer")
+    add_on_invalid_argument(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_engine_arguments(p)
     ray = p.add_argument_group("Ray (pip install 'fastnli[ray]')")
@@ -146,15 +162,25 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError("give the output once: as OUTPUT or as -o, not both")
     args.output = args.output or args.output_file
     scorers = _parse_scorers(args.scorers, args.use_best)  # before any file is read or model loaded
+    keep_invalid = args.on_invalid == "keep"
     if args.ray is not None:
+        if keep_invalid:
+            raise ValueError("--on-invalid keep is not available with --ray (a bad row fails the run, naming the "
+                             "row and field); check the input first, or score it without --ray")
         if args.output is None:
             raise ValueError("--ray needs an output file (OUTPUT or -o), .jsonl or .parquet")
         return _run_ray(args, args.output, scorers)
-    rows = read_score_input(args.input)
-    prompts = record_prompts(rows, [f"{args.input}:{r['_line']}" for r in rows])
+    rows = read_score_input(args.input, keep_invalid)
+    log_invalid(rows, args.input)
+    valid = [r for r in rows if ERROR_KEY not in r]
+    prompts = record_prompts(valid, [f"{args.input}:{r['_line']}" for r in valid])
     question_aware = SWITCH[args.question_aware]
     if question_aware is True and prompts is None:
         raise ValueError(f"--question-aware on needs a 'prompt' field (the question) in every record of {args.input}")
+    if not valid:
+        write_jsonl(args.output, output_records(rows, []))
+        logger.info("no record of %s could be scored; the model was not loaded", args.input)
+        return 0
     engine = engine_from_args(args)
     with Progress(TextColumn("scoring pairs"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   disable=args.no_progress, transient=True) as bar:
@@ -163,22 +189,22 @@ def _run(args: argparse.Namespace) -> int:
         def advance(n: int, total: int) -> None:
             bar.update(task, advance=n, total=total)
 
-        result = score([r["response"] for r in rows], [r["sampled_responses"] for r in rows], scorers=scorers,
+        result = score([r["response"] for r in valid], [r["sampled_responses"] for r in valid], scorers=scorers,
                        engine=engine, use_best=args.use_best, progress=advance, prompts=prompts,
                        question_aware=question_aware, align_units=SWITCH[args.align_units])
 
     def records() -> Iterator[dict[str, Any]]:
-        for r, sr in zip(rows, result):
+        for r, sr in zip(valid, result):
             rec = {k: v for k, v in r.items() if k != "_line"}
             rec.update({s: getattr(sr, s) for s in scorers})
             if sr.best_response is not None:
                 rec["best_response"] = sr.best_response
             yield rec
 
-    write_jsonl(args.output, records())
+    write_jsonl(args.output, output_records(rows, records()))
     st = result.stats
     logger.info("%d responses, %d pairs (%d unique, dedup %.2fx) in %d batches, padding efficiency %.3f, "
-                "device %s, precision %s, question-aware %s, units aligned %s, %.2f s", len(rows), st.pairs_in,
+                "device %s, precision %s, question-aware %s, units aligned %s, %.2f s", len(valid), st.pairs_in,
                 st.unique_pairs, st.dedup_ratio, st.batches, st.padding_efficiency, result.device, result.precision,
                 "yes" if result.question_format else "no", "yes" if result.align_units else "no", result.seconds)
     return 0

@@ -41,7 +41,10 @@ def record_prompts(records: Sequence[Mapping[str, Any]], where: Sequence[str]) -
     if not any(have):
         return None
     if not all(have):
-        missing = where[have.index(False)]
-        raise ValueError(f"{missing}: missing field 'prompt'; other records have one: give every record its question "
-                         "or none")
+        raise ValueError(missing_prompt_message(where[have.index(False)]))
     return [str(r["prompt"]) for r in records]
+
+
+def missing_prompt_message(where: str) -> str:
+    """The error of a record without ``prompt`` among records that have one (``where``: its file line or row id)."""
+    return f"{where}: missing field 'prompt'; other records have one: give every record its question or none"
