@@ -770,6 +770,43 @@ dev part, bare answers {json.dumps(q["question_aware"]["dev_bare"])}, question-a
 {align_units_text(q)}"""
 
 
+def written_text(q: dict[str, Any]) -> str:
+    """The model card's section on answers people wrote (``tools/default_model/written_answers.py``); empty for
+    records without it."""
+    w = q.get("written_answers")
+    if not w:
+        return ""
+    from tools.default_model.written_answers import FIGURES
+
+    before = w.get("before") or {}
+    lines = ["| inputs | pairs (agree / disagree) | " + " | ".join(f"{name} (before / now)" for name in FIGURES.values())
+             + " |", "|---|---|" + "---|" * len(FIGURES)]
+    for form, r in w["now"].items():
+        b = before.get(form, {})
+        lines.append(f"| {form} | {r['agreeing_pairs']} / {r['disagreeing_pairs']} | " + " | ".join(
+            f"{_figure(b.get(k))} / {_figure(r[k])}" for k in FIGURES) + " |")
+    q_now = w["now"].get("question") or next(iter(w["now"].values()))
+
+    def pairs(key: str) -> str:
+        return "; ".join(f'"{a}" / "{b}" {score:.2f}' for a, b, score in q_now[key])
+
+    return f"""## Answers people wrote
+`tools/default_model/written_answers.py`: {q_now["questions"]} questions written for fastnli (not from a benchmark),
+each with three correct and three plausible incorrect answers as people and LLMs write them (a bare value, a
+sentence, a sentence with a detail or a reason). Every two correct answers agree, every correct answer disagrees with
+every incorrect one; each pair is scored as NCP scores a response against one sample, bare and with the question, with
+the model's default inputs. *Flagged*: P(contradiction) > 0.5 in either direction; *above 0.5*: the pair score;
+*wrong samples lower NCP*: the share of questions whose first correct answer gets a lower NCP from two incorrect
+samples than from the two other correct ones. {before_text(q)}
+
+{chr(10).join(lines)}
+
+With the question, the agreeing pairs of the lowest pair score: {pairs("lowest_agreeing")}; the disagreeing pairs of
+the highest: {pairs("highest_disagreeing")}.
+
+"""
+
+
 def choice_parser(doc: str | None, pairs: int | None = None, test_pairs: int | None = None,
                   seed: int | None = None) -> argparse.ArgumentParser:
     """The arguments every tool that decides part of a shipped model's manifest takes (``--model``, ``--quality``,
@@ -868,7 +905,7 @@ fp32 max |Δp| {pv["fp32"]["max_abs_dprob"]:.2e}; INT8 max |Δp| {pv["int8"]["ma
 
 {recipe_text(q)}
 
-{mission_section(q)}{window_text(q)}{contradiction_text(q)}## Speed by CPU
+{mission_section(q)}{written_text(q)}{window_text(q)}{contradiction_text(q)}## Speed by CPU
 snli/dev (9,840 pairs) through the engine, tokenization and scheduling included, the engine's default CPU streams,
 best of 2 runs. Written by `tools/default_model/ship.py` (with the fp32 and plain dynamic INT8 graphs) and by
 `tools/default_model/measure.py`, which re-measures the shipped graph on another CPU. INT8 speed depends on the
@@ -974,6 +1011,7 @@ def main() -> None:
     quality["probes"] = {"now": probe_results(engines["int8"])}
     if args.previous_mission is not None:
         quality["mission_previous"] = {"test": json.loads(args.previous_mission.read_text())}
+    before_engine: NLIEngine | None = None
     if (before / MANIFEST_NAME).is_file():  # one engine for the before columns: mission figures and probes
         before_engine = NLIEngine.from_pretrained(before, device="cpu")
         before_hash = before_engine.manifest.artifact_hash
@@ -981,6 +1019,11 @@ def main() -> None:
         if args.previous_mission is None:
             quality["mission_previous"] = {"test": mission(before_engine, parts["test"])}
         quality["probes"]["before"] = probe_results(before_engine)
+    from tools.default_model import written_answers  # it renders nothing itself; the card reads its record
+
+    questions = written_answers.read_questions()
+    written_answers.record(quality, written_answers.evaluate(questions, engines["int8"]),
+                           written_answers.evaluate(questions, before_engine) if before_engine is not None else None)
     logger.info("mission (test part): %s", quality["mission"]["test"]["groups"])
     others = {p: eng for p, eng in engines.items() if p != "int8"}
     quality["cpu_runs"] = [cpu_run(engines["int8"], splits, quality["gate"], "tools/default_model/ship.py", others,

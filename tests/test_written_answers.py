@@ -1,0 +1,84 @@
+"""The written-answers check (tools/default_model/written_answers.py): its data, its pairs, its figures and its card
+section, on an engine whose verdicts the test sets."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fastnli.engine import CallStats
+from tools.default_model import ship, written_answers
+
+QUESTIONS = written_answers.read_questions()
+
+
+class KnowingEngine:
+    """Contradiction 0.9 between a correct and an incorrect answer (0.05 otherwise), or the reverse with ``wrong``."""
+
+    device, precision = "cpu", "fp32"
+
+    def __init__(self, wrong: bool = False) -> None:
+        self.incorrect = {a for q in QUESTIONS for a in q["incorrect"]}
+        self.wrong = wrong
+
+    def predict_with_stats(self, pairs: list[tuple[str, str]], progress: object = None
+                           ) -> tuple[np.ndarray, CallStats]:
+        out = []
+        for a, b in pairs:
+            a, b = (t.split("Answer: ", 1)[-1] for t in (a, b))  # the question-aware form ends with the answer
+            disagree = (a in self.incorrect) != (b in self.incorrect)
+            pc = 0.9 if disagree != self.wrong else 0.05
+            out.append((pc, 0.05, 0.95 - pc))
+        return np.array(out, dtype=np.float32), CallStats(pairs_in=len(pairs), unique_pairs=len(set(pairs)))
+
+
+def test_the_questions_are_well_formed() -> None:
+    assert len(QUESTIONS) == 59
+    assert len({q["question"] for q in QUESTIONS}) == len(QUESTIONS)
+    for q in QUESTIONS:
+        assert set(q) == {"question", "correct", "incorrect"}
+        assert len(q["correct"]) == len(q["incorrect"]) == 3
+        answers = q["correct"] + q["incorrect"]
+        assert all(isinstance(a, str) and a.strip() == a and a for a in answers)
+        assert len(set(answers)) == 6  # no answer is both correct and incorrect, none repeats
+
+
+def test_pairs_are_every_two_correct_and_every_correct_incorrect() -> None:
+    pairs = written_answers.answer_pairs(QUESTIONS[:2])
+    assert len(pairs) == 2 * (3 + 9)
+    q = QUESTIONS[0]
+    assert (q["question"], q["correct"][0], q["correct"][1], True) in pairs
+    assert (q["question"], q["correct"][2], q["incorrect"][2], False) in pairs
+    assert not any(a in q["incorrect"] and b in q["incorrect"] for _, a, b, _ in pairs)
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_figures_follow_the_verdicts(wrong: bool) -> None:
+    result = written_answers.evaluate(QUESTIONS[:6], KnowingEngine(wrong))  # type: ignore[arg-type]
+    assert set(result) == {"bare", "question"}
+    for r in result.values():
+        assert (r["questions"], r["agreeing_pairs"], r["disagreeing_pairs"]) == (6, 18, 54)
+        expected = 0.0 if wrong else 1.0
+        for key in written_answers.FIGURES:
+            assert r[key] == expected, key
+        assert len(r["lowest_agreeing"]) == len(r["highest_disagreeing"]) == 3
+        assert r["lowest_agreeing"][0][2] == pytest.approx(0.1 if wrong else 0.95)
+        assert r["highest_disagreeing"][0][2] == pytest.approx(0.95 if wrong else 0.1)
+
+
+def test_card_section_renders_the_record_before_and_now() -> None:
+    now = written_answers.evaluate(QUESTIONS[:4], KnowingEngine())  # type: ignore[arg-type]
+    before = written_answers.evaluate(QUESTIONS[:4], KnowingEngine(wrong=True))  # type: ignore[arg-type]
+    quality: dict[str, Any] = {}
+    assert ship.written_text(quality) == ""
+    written_answers.record(quality, now, before)
+    text = ship.written_text(quality)
+    assert "| question | 12 / 36 | 0.000 / 1.000 | 0.000 / 1.000 | 0.000 / 1.000 | 0.000 / 1.000 |" in text
+    a, b, score = now["question"]["lowest_agreeing"][0]
+    assert f'"{a}" / "{b}" {score:.2f}' in text
+    written_answers.record(quality, now)  # no model before: its cells say so
+    assert "| bare | 12 / 36 | n/a / 1.000 |" in ship.written_text(quality)
+    json.dumps(quality)  # the record is plain JSON

@@ -1,0 +1,139 @@
+"""Written answers: does NCP's pair score separate agreeing from disagreeing answers a person wrote?
+
+The mission evaluation (``mission_eval``) generates its answer pairs from rules (value swaps, formats, aliases), so its
+pairs share the rules' shapes. This check reads ``data/written_answers.jsonl``: questions written for fastnli (not
+taken from any benchmark; released with the repository, Apache-2.0), each with three correct and three incorrect
+answers in the forms people and LLMs give them (a bare value, a sentence, a sentence with more detail or a reason),
+the incorrect ones plausible: near years, neighbouring places, the famous wrong person, common misconceptions.
+
+Pairs: every two correct answers of a question agree (3 per question); every correct answer against every incorrect
+one disagrees (9 per question); two incorrect answers are left out (they may or may not agree). Each pair is scored
+as NCP scores a response against one sample, ``NCP(a, [b]) = 1 - (p_c(a, b) + p_c(b, a)) / 2``, through
+:func:`fastnli.score` with the model's default inputs (units aligned where its manifest says so), bare and with the
+question (``prompts``). Reported per form: the AUROC of that score, agreeing above disagreeing (the figure the
+held-out check of real answers uses); the share of disagreeing pairs flagged (P(contradiction) > 0.5 in either
+direction, read from the scores' matrix) and of agreeing pairs with NCP above 0.5; and the share of questions whose
+correct response gets a lower NCP from two incorrect samples than from two correct ones.
+
+    python -m tools.default_model.written_answers                  # the embedded default model
+    python -m tools.default_model.written_answers --model DIR --json out.json
+    python -m tools.default_model.written_answers --before DIR --write   # record in quality.json and the model card
+
+``ship`` records these figures for every model it ships, beside those of the model it replaces.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from itertools import combinations, product
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastnli.engine import NLIEngine
+from fastnli.scorers import score
+from tools.default_model.mission_eval import auroc
+
+DATA = Path(__file__).parent / "data" / "written_answers.jsonl"
+FORMS = ("bare", "question")
+#: the figures per input form and their names in tables, in the tables' order
+FIGURES = {"agreement_auroc": "agreement AUROC", "disagreeing_flagged": "disagreeing pairs flagged",
+           "agreeing_ncp_above_half": "agreeing pairs above 0.5",
+           "wrong_samples_lower_ncp": "wrong samples lower NCP"}
+
+
+def read_questions(path: Path = DATA) -> list[dict[str, Any]]:
+    """The questions of ``path``: ``{"question": str, "correct": [str, ...], "incorrect": [str, ...]}`` per line."""
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def answer_pairs(questions: Sequence[dict[str, Any]]) -> list[tuple[str, str, str, bool]]:
+    """``(question, a, b, agree)`` for every pair of correct answers (agree) and every correct x incorrect pair."""
+    pairs = []
+    for q in questions:
+        pairs += [(q["question"], a, b, True) for a, b in combinations(q["correct"], 2)]
+        pairs += [(q["question"], a, b, False) for a, b in product(q["correct"], q["incorrect"])]
+    return pairs
+
+
+def evaluate(questions: Sequence[dict[str, Any]], engine: NLIEngine | None = None,
+             examples: int = 3) -> dict[str, dict[str, Any]]:
+    """The figures of the module docstring per input form (``bare``, ``question``), with the ``examples`` agreeing
+    pairs of the lowest pair score and disagreeing pairs of the highest (``[a, b, score]``)."""
+    pairs = answer_pairs(questions)
+    agree = np.array([p[3] for p in pairs])
+    result: dict[str, dict[str, Any]] = {}
+    for form in FORMS:
+        prompts = [p[0] for p in pairs] if form == "question" else None
+        res = score([p[1] for p in pairs], [[p[2]] for p in pairs], engine=engine, prompts=prompts,
+                    return_matrix=True, question_aware=form == "question")
+        ncp = np.array([r.noncontradiction for r in res])
+        # a 2 x 2 matrix holds (c, n, e) of a -> b at [0, 1] and of b -> a at [1, 0]; 1 x 1 when a and b are one text
+        flagged = np.array([r.matrix is not None and len(r.matrix) == 2 and max(r.matrix[0, 1, 0], r.matrix[1, 0, 0])
+                            > 0.5 for r in res])
+        lower = []
+        for q in questions:
+            right = [q["correct"][1:]]
+            wrong = [q["incorrect"][:2]]
+            both = score([q["correct"][0]] * 2, right + wrong, engine=engine,
+                         prompts=[q["question"]] * 2 if form == "question" else None,
+                         question_aware=form == "question")
+            lower.append(float(both[1].noncontradiction or 0.0) < float(both[0].noncontradiction or 0.0))
+        result[form] = {"questions": len(questions), "agreeing_pairs": int(agree.sum()),
+                        "disagreeing_pairs": int((~agree).sum()),
+                        "agreement_auroc": round(auroc(ncp[agree], ncp[~agree]), 4),
+                        "disagreeing_flagged": round(float(flagged[~agree].mean()), 4),
+                        "agreeing_ncp_above_half": round(float((ncp[agree] > 0.5).mean()), 4),
+                        "wrong_samples_lower_ncp": round(float(np.mean(lower)), 4),
+                        "lowest_agreeing": [[pairs[i][1], pairs[i][2], round(float(ncp[i]), 3)]
+                                            for i in np.flatnonzero(agree)[np.argsort(ncp[agree], kind="stable")]
+                                            [:examples]],
+                        "highest_disagreeing": [[pairs[i][1], pairs[i][2], round(float(ncp[i]), 3)]
+                                                for i in np.flatnonzero(~agree)[np.argsort(-ncp[~agree],
+                                                                                           kind="stable")][:examples]]}
+    return result
+
+
+def render(result: dict[str, dict[str, Any]]) -> str:
+    lines = ["| inputs | questions | pairs (agree / disagree) | " + " | ".join(FIGURES.values()) + " |",
+             "|---|---|---|" + "---|" * len(FIGURES)]
+    for form, r in result.items():
+        lines.append(f"| {form} | {r['questions']} | {r['agreeing_pairs']} / {r['disagreeing_pairs']} | "
+                     + " | ".join(f"{r[k]:.3f}" for k in FIGURES) + " |")
+    return "\n".join(lines)
+
+
+def record(quality: dict[str, Any], now: dict[str, dict[str, Any]],
+           before: dict[str, dict[str, Any]] | None = None) -> None:
+    """Put the figures of the shipped model (``now``) and of the one it replaced (``before``) in ``quality``."""
+    quality["written_answers"] = {"now": now, **({"before": before} if before is not None else {})}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tools.default_model.ship import choice_parser, log_progress, record_shipped  # ship imports this module
+
+    p = choice_parser(__doc__)
+    p.add_argument("--before", type=Path, help="also measure the model it replaced (an artifact directory)")
+    p.add_argument("--questions", type=Path, default=DATA)
+    p.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    args = p.parse_args(argv)
+    log_progress()
+    questions = read_questions(args.questions)
+    now = evaluate(questions, NLIEngine.from_pretrained(args.model, device="cpu"))
+    before = None if args.before is None else evaluate(questions, NLIEngine.from_pretrained(args.before, device="cpu"))
+    if args.json:
+        args.json.write_text(json.dumps({"now": now, "before": before}, indent=2) + "\n", encoding="utf-8")
+    if args.write:
+        quality = json.loads(args.quality.read_text())
+        record(quality, now, before)
+        record_shipped(args.model, args.quality, quality)
+    sys.stdout.write(render(now) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
