@@ -178,6 +178,61 @@ def test_event_pairs_change_the_date_only_where_they_should() -> None:
     assert all(len(p) == 1 for p in parts_of_question.values())
 
 
+@pytest.mark.parametrize(("n", "plain", "british"), [
+    (0, "zero", "zero"), (21, "twenty-one", "twenty-one"), (100, "one hundred", "one hundred"),
+    (168, "one hundred sixty-eight", "one hundred and sixty-eight"), (206, "two hundred six", "two hundred and six"),
+    (1005, "one thousand five", "one thousand and five"),
+    (12345, "twelve thousand three hundred forty-five", "twelve thousand three hundred and forty-five"),
+    (999999, "nine hundred ninety-nine thousand nine hundred ninety-nine",
+     "nine hundred ninety-nine thousand nine hundred and ninety-nine"),
+])
+def test_number_in_words(n: int, plain: str, british: bool) -> None:
+    assert ad.number_in_words(n) == plain and ad.number_in_words(n, british=True) == british
+
+
+def test_number_in_words_refuses_what_it_cannot_write() -> None:
+    with pytest.raises(ValueError, match=re.escape("number_in_words takes 0 to 999,999; got 1000000")):
+        ad.number_in_words(1_000_000)
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
+def test_detail_pairs_label_the_detailed_answer_as_implying_the_plain_one() -> None:
+    rows = ad.detail_pairs(SHARED_DATA, 0, {"train": 60, "dev": 10, "test": 20})
+    by_pair = defaultdict(list)
+    for r in rows:
+        by_pair[r["pair_id"]].append(r)
+    seen = set()
+    for a, b in by_pair.values():
+        seen.add(a["category"])
+        assert a["premise"] == b["hypothesis"] and a["hypothesis"] == b["premise"] and a["part"] == b["part"]
+        cat = a["category"].split("+")[0]
+        if cat in ("added_detail", "event_dropped_date"):  # the longer text states all the shorter one does
+            assert (a["label"], b["label"]) == ("entailment", "neutral")
+            if a["category"] == "added_detail":  # the same sentence, a detail added before its full stop
+                assert a["premise"].startswith(a["hypothesis"][:-1]) and a["hypothesis"].endswith(".")
+            assert len(a["premise"]) > len(a["hypothesis"])
+        elif cat == "added_detail_swap":
+            assert a["label"] == b["label"] == "contradiction"
+        else:
+            assert cat in ("mixed_format", "spelled_number") and a["label"] == b["label"] == "entailment"
+    assert {"added_detail", "added_detail+question", "mixed_format+question", "event_dropped_date"} <= seen
+    parts_of_question = defaultdict(set)  # one question (or event) lies in one part only
+    for r in rows:
+        parts_of_question[r["question"]].add(r["part"])
+    assert all(len(p) == 1 for p in parts_of_question.values())
+    assert {r["part"] for r in rows} == {"train", "dev", "test"}
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
+def test_detail_rows_join_the_train_part_only_when_asked() -> None:
+    plain = ad.build(SHARED_DATA, long_train=0, train_cap=50, event_train=20)
+    more = ad.build(SHARED_DATA, long_train=0, train_cap=50, event_train=20, detail_train=30)
+    assert more["dev"] == plain["dev"] and more["test"] == plain["test"]  # the evaluation does not move
+    assert more["train"][: len(plain["train"])] == plain["train"]
+    added = more["train"][len(plain["train"]):]
+    assert added and {r["source"] for r in added} == {"answers/detail"} and {r["part"] for r in added} == {"train"}
+
+
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
 def test_the_build_record_rebuilds_the_same_rows(tmp_path: Path) -> None:
     args = ["--long-train", "50", "--event-train", "10", "--long-statement-share", "0.5", "--window-train", "20"]

@@ -544,6 +544,114 @@ def event_pairs(data: Path, seed: int, per_part: dict[str, int] | None = None) -
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# Answers that add a detail, numbers spelled out ("Fleming discovered it in 1928." / "Alexander Fleming.")
+
+#: details an answer may add that the other answer does not state: {year}, {place} or a source
+DETAILS = (" in {year}", " in {place}", ", according to {source}", " as of {year}", " by {year}")
+SOURCES = ("most sources", "official records", "historians", "the census", "the records", "the encyclopaedia")
+
+
+def number_in_words(n: int, british: bool = False) -> str:
+    """``n`` (0 to 999,999) in English words: 168 is "one hundred sixty-eight" ("one hundred and sixty-eight" with
+    ``british``)."""
+    if n < 0 or n >= 1_000_000:
+        raise ValueError(f"number_in_words takes 0 to 999,999; got {n}")
+    if n < 20:
+        return NUMBER_WORDS[n]
+    if n < 100:
+        tens = ("twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")[n // 10 - 2]
+        return tens + (f"-{NUMBER_WORDS[n % 10]}" if n % 10 else "")
+    if n < 1000:
+        rest = n % 100
+        return f"{NUMBER_WORDS[n // 100]} hundred" + ("" if not rest else (" and " if british else " ")
+                                                       + number_in_words(rest))
+    rest = n % 1000
+    return f"{number_in_words(n // 1000)} thousand" + ("" if not rest else (
+        (" and " if british and rest < 100 else " ") + number_in_words(rest, british)))
+
+
+def with_detail(sentence: str, rng: random.Random, places: list[str]) -> str:
+    """``sentence`` with one detail of :data:`DETAILS` added before its final full stop."""
+    detail = rng.choice(DETAILS).format(year=rng.randint(1700, 2023), place=rng.choice(places),
+                                        source=rng.choice(SOURCES))
+    return sentence[:-1] + detail + "."
+
+
+def detail_pairs(data: Path, seed: int, per_part: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    """Agreeing answers of which one states more, and numbers written in words, per part (by question or event):
+
+    - ``added_detail``: a one-sentence answer with a detail it does not need (a year, a place, a source) against the
+      same answer without it, or the bare answer with the question: entailment from the detailed one, neutral back;
+    - ``added_detail_swap``: the detailed answer against another value's sentence: contradiction both ways (a detail
+      does not excuse another value);
+    - ``mixed_format``: the bare answer against its one-sentence form, with the question: entailment both ways;
+    - ``spelled_number``: a number answer (bare or in its sentence) against the number in words: entailment both ways;
+    - ``event_dropped_date``: a dated event against the same event without its date: entailment, neutral back.
+    """
+    per_part = per_part or {"train": 2000, "dev": 200, "test": 400}
+    rng = random.Random(seed + 11)
+    people, places = event_subjects(data)
+    out: list[dict[str, Any]] = []
+    by_part: dict[str, list[tuple[str, list[str]]]] = {p: [] for p in PARTS}
+    seen: set[str] = set()
+    for name in QA_FILES:
+        for r in read_jsonl(data / name):
+            q = clean(r["question"])
+            answers = [clean(a) for a in r["answer"] if clean(a)]
+            if answers and normalize(q) not in seen:
+                seen.add(normalize(q))
+                by_part[part_of(q)].append((q, answers))
+    for part, n in per_part.items():
+        rec = Rows(part, "answers/detail", out)
+        items = by_part[part][:]
+        rng.shuffle(items)
+        made = 0
+        for q, answers in items:
+            if made >= n:
+                break
+            first = answers[0]
+            v = parse_value(first)
+            sentence = sentence_answer(q, first)
+            if sentence is None or len(first) > 60:
+                continue
+            made += 1
+            detailed = with_detail(sentence, rng, places)
+            rec.both(detailed, sentence, "entailment", "neutral", "added_detail", q)
+            rec.both(with_question(q, detailed), with_question(q, first), "entailment", "neutral",
+                     "added_detail+question", q)
+            rec.both(with_question(q, first), with_question(q, sentence), "entailment", "entailment",
+                     "mixed_format+question", q)
+            wrong = swapped_values(v, {normalize(a) for a in answers}, rng, n=1)
+            other = sentence_answer(q, wrong[0]) if wrong else None
+            if other and other != sentence:
+                rec.both(with_question(q, detailed), with_question(q, other), "contradiction", "contradiction",
+                         "added_detail_swap+question", q)
+            if v.kind in ("number", "quantity") and v.number.is_integer() and 20 < v.number < 1_000_000:
+                words = number_in_words(int(v.number), british=rng.random() < 0.5)
+                spelled = first.replace(fmt_number(v.number), words) if fmt_number(v.number) in first else words
+                rec.both(first, spelled, "entailment", "entailment", "spelled_number", q)
+                if fmt_number(v.number) in sentence:
+                    rec.both(sentence, sentence.replace(fmt_number(v.number), words), "entailment", "entailment",
+                             "spelled_number+sentence", q)
+        made = 0
+        while made < n // 2:
+            if rng.random() < 0.3:
+                subject, (verb, question) = rng.choice(people), rng.choice(PERSON_EVENTS)
+            else:
+                subject = f"the {rng.choice(places)} {rng.choice(THING_NOUNS)}"
+                verb, question = rng.choice(THING_EVENTS)
+            if part_of(f"event:{subject}:{verb}") != part:
+                continue
+            made += 1
+            year = rng.randint(1500, 2023)
+            when = f"in {year}" if rng.random() < 0.6 else f"on {date_text(rng.randint(1, 28), rng.randint(1, 12), year, 0)}"
+            dated = event_sentence(subject, verb, when, rng.randrange(3))
+            bare = f"{subject[0].upper()}{subject[1:]} {verb}."
+            rec.both(dated, bare, "entailment", "neutral", "event_dropped_date", question.format(s=subject))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # Long premises
 
 
@@ -691,11 +799,12 @@ def cap_per_category(rows: list[dict[str, Any]], cap: int, seed: int) -> list[di
 
 
 def build(data: Path, seed: int = 0, long_train: int = 9000, train_cap: int = 2000, event_train: int = 1500,
-          long_statement_share: float = 0.25, window_train: int = 0) -> dict[str, list[dict[str, Any]]]:
+          long_statement_share: float = 0.25, window_train: int = 0, detail_train: int = 0
+          ) -> dict[str, list[dict[str, Any]]]:
     """All generated rows by use: ``train`` (the training mixture's additions: at most ``train_cap`` rows per answer
     category, ``event_train`` dated events, plus ``long_train`` long-premise rows, ``long_statement_share`` of them
-    around generated one-sentence pairs, and ``window_train`` window-length rows of :func:`window_train_rows`),
-    ``dev`` and ``test`` (evaluation, uncapped)."""
+    around generated one-sentence pairs, ``window_train`` window-length rows of :func:`window_train_rows`, and the
+    answers of ``detail_train`` questions of :func:`detail_pairs`), ``dev`` and ``test`` (evaluation, uncapped)."""
     licensed, dev_rows = licensed_rows(data)
     events = event_pairs(data, seed, {"train": event_train, "dev": 150, "test": 300})
     answer_rows = qa_pairs(data, seed) + sentence_pairs(licensed, seed) + unit_pairs(seed) + events
@@ -707,6 +816,8 @@ def build(data: Path, seed: int = 0, long_train: int = 9000, train_cap: int = 20
                                        statement_share=long_statement_share)
     if window_train:
         out["train"] += window_train_rows(licensed, pools, seed, window_train)
+    if detail_train:
+        out["train"] += detail_pairs(data, seed, {"train": detail_train})
     for r in long_premise_eval(dev_rows, pools, seed):
         out[r["part"]].append(r)
     return out
@@ -735,10 +846,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window-train", type=int, default=0,
                    help="window-length rows: an SNLI entailment premise among unrelated sentences and the text without "
                    "it (default 0)")
+    p.add_argument("--detail-train", type=int, default=0,
+                   help="questions of answers that add a detail and numbers in words (detail_pairs; default 0)")
     p.add_argument("--summary", action="store_true", help="log rows per category and label")
     args = p.parse_args(argv)
     parts = build(args.data, args.seed, args.long_train, args.train_cap, args.event_train, args.long_statement_share,
-                  args.window_train)
+                  args.window_train, args.detail_train)
     args.out.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {"arguments": build_arguments(args), "sha256": {}}
     for name, rows in parts.items():
@@ -763,7 +876,8 @@ def build_arguments(args: Any) -> list[str]:
     """The command-line arguments that rebuild these rows (every recipe option, always spelled out)."""
     return ["--seed", str(args.seed), "--long-train", str(args.long_train), "--train-cap", str(args.train_cap),
             "--event-train", str(args.event_train), "--long-statement-share", f"{args.long_statement_share:g}",
-            *(["--window-train", str(args.window_train)] if getattr(args, "window_train", 0) else [])]
+            *(["--window-train", str(args.window_train)] if getattr(args, "window_train", 0) else []),
+            *(["--detail-train", str(args.detail_train)] if getattr(args, "detail_train", 0) else [])]
 
 
 def rows_record(train_file: str | Path, sha256: str) -> dict[str, Any] | None:
