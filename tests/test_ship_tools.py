@@ -338,3 +338,11 @@ def test_contradiction_choice_takes_the_best_mean_of_accuracy_and_neutral_kept()
     text = ship.contradiction_text(q)
     assert "P(contradiction) is above 0.9" in text and "| 4000 | 0.700 / 0.800 | 0.850 / 0.750 |" in text
     assert ship.contradiction_text({}) == ""
+
+
+def test_card_names_the_detail_rows_only_when_a_stage_trained_on_them() -> None:
+    extra = {"rows": 4, "rows_per_category": {"format_variant": 2, "long": 2}, "build_record": {"arguments": []}}
+    assert ship.detail_text(extra) == "" and "--detail-train" not in ship.extra_data_text({"data": {"extra_train": extra}})
+    extra["rows_per_category"].update({"added_detail+question": 2, "event_dropped_date": 2})
+    text = " ".join(ship.extra_data_text({"data": {"extra_train": extra}}).split())
+    assert "(`answer_data --detail-train`): one-sentence answers with a detail they do not need" in text

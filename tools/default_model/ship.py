@@ -658,8 +658,19 @@ def extra_data_text(t: dict[str, Any]) -> str:
             "distractors of the same question type, more/less specific forms; bare, in one sentence and "
             "question-aware), number swaps, digit/word variants and negations of the licensed sentences above, "
             "synthetic unit conversions, and premises lengthened with unrelated mnli/dev_matched sentences (label "
-            f"kept with the evidence; neutral without it){hard_windows_text(extra)}. Distillation applies to the "
-            "licensed NLI rows only.\n")
+            f"kept with the evidence; neutral without it){detail_text(extra)}{hard_windows_text(extra)}. "
+            "Distillation applies to the licensed NLI rows only.\n")
+
+
+def detail_text(extra: dict[str, Any]) -> str:
+    """The clause of :func:`extra_data_text` on the rows of ``answer_data --detail-train`` (empty without them)."""
+    if not any(c.split("+")[0] in ("added_detail", "event_dropped_date") for c in extra["rows_per_category"]):
+        return ""
+    return ("; the `added_detail`, `mixed_format`, `spelled_number` and `event_dropped_date` rows (`answer_data "
+            "--detail-train`): one-sentence answers with a detail they do not need (a year, a place, a source) "
+            "against the same answer without it or the bare answer (entailment from the detailed one, neutral back; "
+            "with another value, contradiction), bare against one-sentence answers with the question, numbers "
+            "written in words, and dated events against the same event undated")
 
 
 def hard_windows_text(extra: dict[str, Any]) -> str:
