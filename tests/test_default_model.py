@@ -85,6 +85,17 @@ def test_mission_gate(engine: NLIEngine) -> None:
                 assert abs(groups[form][name] - value) <= ACCURACY_MARGIN, (key, form, name, groups[form][name], value)
 
 
+def test_written_answers_gate(engine: NLIEngine) -> None:
+    """Answers people wrote (tools/default_model/written_answers.py): the shipped figures, per input form."""
+    from tools.default_model import written_answers
+
+    recorded = QUALITY["written_answers"]["now"]
+    result = written_answers.evaluate(written_answers.read_questions(), engine)
+    for form, figures in recorded.items():
+        for name in written_answers.FIGURES:
+            assert abs(result[form][name] - figures[name]) <= ACCURACY_MARGIN, (form, name, result[form][name])
+
+
 def test_wrong_samples_lower_ncp_in_the_main_jobs_examples() -> None:
     """examples/ncp.jsonl pairs each question's correct-only samples with samples holding a wrong answer: the
     embedded model must give the second a lower NCP (the main job, bash scripts/main.sh, shows these rows)."""
