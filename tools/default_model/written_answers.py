@@ -75,14 +75,13 @@ def evaluate(questions: Sequence[dict[str, Any]], engine: NLIEngine | None = Non
         # a 2 x 2 matrix holds (c, n, e) of a -> b at [0, 1] and of b -> a at [1, 0]; 1 x 1 when a and b are one text
         flagged = np.array([r.matrix is not None and len(r.matrix) == 2 and max(r.matrix[0, 1, 0], r.matrix[1, 0, 0])
                             > 0.5 for r in res])
-        lower = []
-        for q in questions:
-            right = [q["correct"][1:]]
-            wrong = [q["incorrect"][:2]]
-            both = score([q["correct"][0]] * 2, right + wrong, engine=engine,
-                         prompts=[q["question"]] * 2 if form == "question" else None,
-                         question_aware=form == "question")
-            lower.append(float(both[1].noncontradiction or 0.0) < float(both[0].noncontradiction or 0.0))
+        # each question's first correct answer twice: against the other two correct ones, then two incorrect ones
+        twice = score([q["correct"][0] for q in questions for _ in range(2)],
+                      [s for q in questions for s in (q["correct"][1:], q["incorrect"][:2])], engine=engine,
+                      prompts=[q["question"] for q in questions for _ in range(2)] if form == "question" else None,
+                      question_aware=form == "question")
+        by_question = np.array([r.noncontradiction for r in twice], dtype=float).reshape(-1, 2)
+        lower = by_question[:, 1] < by_question[:, 0]
         result[form] = {"questions": len(questions), "agreeing_pairs": int(agree.sum()),
                         "disagreeing_pairs": int((~agree).sum()),
                         "agreement_auroc": round(auroc(ncp[agree], ncp[~agree]), 4),
