@@ -151,13 +151,25 @@ YEAR_IN = re.compile(r"\b(\d{4})\b")
 
 
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
-def test_event_pairs_change_the_date_only_where_they_should() -> None:
-    rows = ad.event_pairs(SHARED_DATA, 0, {"train": 40, "dev": 10, "test": 20})
-    by_pair = defaultdict(list)
+def both_directions(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The rows of each pair (``pair_id``), its two directions in file order."""
+    by_pair: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_pair[r["pair_id"]].append(r)
+    return list(by_pair.values())
+
+
+def assert_one_part_per_question(rows: list[dict[str, Any]]) -> None:
+    parts_of_question = defaultdict(set)
+    for r in rows:
+        parts_of_question[r["question"]].add(r["part"])
+    assert all(len(p) == 1 for p in parts_of_question.values())
+
+
+def test_event_pairs_change_the_date_only_where_they_should() -> None:
+    rows = ad.event_pairs(SHARED_DATA, 0, {"train": 40, "dev": 10, "test": 20})
     seen = set()
-    for a, b in by_pair.values():
+    for a, b in both_directions(rows):
         cat = a["category"].split("+")[0]
         seen.add(a["category"])
         ya, yb = set(YEAR_IN.findall(a["premise"])), set(YEAR_IN.findall(a["hypothesis"]))
@@ -171,11 +183,7 @@ def test_event_pairs_change_the_date_only_where_they_should() -> None:
             assert cat == "event_date_swap" and a["premise"] != a["hypothesis"] and a["label"] == "contradiction"
     assert {"event_year_swap", "event_date_swap", "event_format", "event_more_specific",
             "event_year_swap+question"} <= seen
-    # one event (subject and verb) lies in one part only
-    parts_of_question = defaultdict(set)
-    for r in rows:
-        parts_of_question[r["question"]].add(r["part"])
-    assert all(len(p) == 1 for p in parts_of_question.values())
+    assert_one_part_per_question(rows)  # one event (subject and verb) lies in one part only
 
 
 @pytest.mark.parametrize(("n", "plain", "british"), [
@@ -198,11 +206,8 @@ def test_number_in_words_refuses_what_it_cannot_write() -> None:
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
 def test_detail_pairs_label_the_detailed_answer_as_implying_the_plain_one() -> None:
     rows = ad.detail_pairs(SHARED_DATA, 0, {"train": 60, "dev": 10, "test": 20})
-    by_pair = defaultdict(list)
-    for r in rows:
-        by_pair[r["pair_id"]].append(r)
     seen = set()
-    for a, b in by_pair.values():
+    for a, b in both_directions(rows):
         seen.add(a["category"])
         assert a["premise"] == b["hypothesis"] and a["hypothesis"] == b["premise"] and a["part"] == b["part"]
         cat = a["category"].split("+")[0]
@@ -216,10 +221,7 @@ def test_detail_pairs_label_the_detailed_answer_as_implying_the_plain_one() -> N
         else:
             assert cat in ("mixed_format", "spelled_number") and a["label"] == b["label"] == "entailment"
     assert {"added_detail", "added_detail+question", "mixed_format+question", "event_dropped_date"} <= seen
-    parts_of_question = defaultdict(set)  # one question (or event) lies in one part only
-    for r in rows:
-        parts_of_question[r["question"]].add(r["part"])
-    assert all(len(p) == 1 for p in parts_of_question.values())
+    assert_one_part_per_question(rows)  # one question (or event) lies in one part only
     assert {r["part"] for r in rows} == {"train", "dev", "test"}
 
 

@@ -282,11 +282,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def qa_pairs(data: Path, seed: int, question_aware_share: float = 0.35) -> list[dict[str, Any]]:
-    """Answer pairs of every question of ``qa/``: value swaps, distractors of the same type, format variants,
-    aliases from the accepted list, more/less specific forms; short and one-sentence answers; a share of the
-    training pairs (and every evaluation pair, as its own category suffix ``+question``) also in question-aware form."""
-    questions: list[tuple[str, list[str]]] = []
+def qa_questions(data: Path) -> dict[str, list[tuple[str, list[str]]]]:
+    """The questions of ``qa/`` by part, each once (its first occurrence) with its accepted answers, in file order."""
+    by_part: dict[str, list[tuple[str, list[str]]]] = {p: [] for p in PARTS}
     seen: set[str] = set()
     for name in QA_FILES:
         for r in read_jsonl(data / name):
@@ -296,12 +294,17 @@ def qa_pairs(data: Path, seed: int, question_aware_share: float = 0.35) -> list[
             seen.add(normalize(q))
             answers = [clean(a) for a in r["answer"] if clean(a)]
             if answers:
-                questions.append((q, answers))
+                by_part[part_of(q)].append((q, answers))
+    return by_part
+
+
+def qa_pairs(data: Path, seed: int, question_aware_share: float = 0.35) -> list[dict[str, Any]]:
+    """Answer pairs of every question of ``qa/``: value swaps, distractors of the same type, format variants,
+    aliases from the accepted list, more/less specific forms; short and one-sentence answers; a share of the
+    training pairs (and every evaluation pair, as its own category suffix ``+question``) also in question-aware form."""
     rng = random.Random(seed)
     rows: list[dict[str, Any]] = []
-    by_part: dict[str, list[tuple[str, list[str]]]] = {p: [] for p in PARTS}
-    for q, answers in questions:
-        by_part[part_of(q)].append((q, answers))
+    by_part = qa_questions(data)
     for part, items in by_part.items():
         # distractor pools: entity answers by question word, in this part only
         pools: dict[str, list[str]] = {}
@@ -496,6 +499,16 @@ def event_sentence(subject: str, verb: str, when: str, style: int) -> str:
             f"It was {when} that {subject} {verb}.")[style]
 
 
+def draw_event(rng: random.Random, people: list[str], places: list[str]) -> tuple[str, str, str]:
+    """A random one-time event: (subject, past-tense verb, question with ``{s}``), a person's (30%) or a place's
+    thing's."""
+    if rng.random() < 0.3:
+        subject, (verb, question) = rng.choice(people), rng.choice(PERSON_EVENTS)
+    else:
+        subject, (verb, question) = f"the {rng.choice(places)} {rng.choice(THING_NOUNS)}", rng.choice(THING_EVENTS)
+    return subject, verb, question
+
+
 def event_pairs(data: Path, seed: int, per_part: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """One-sentence statements of a dated one-time event: the year or date changed (contradiction both ways), the same
     date written another way (entailment both ways), a full date against its year or month (entailment one way,
@@ -508,10 +521,7 @@ def event_pairs(data: Path, seed: int, per_part: dict[str, int] | None = None) -
         rec = Rows(part, "answers/events", out)
         made = 0
         while made < n:
-            if rng.random() < 0.3:
-                s, (verb, question) = rng.choice(people), rng.choice(PERSON_EVENTS)
-            else:
-                s, (verb, question) = f"the {rng.choice(places)} {rng.choice(THING_NOUNS)}", rng.choice(THING_EVENTS)
+            s, verb, question = draw_event(rng, people, places)
             if part_of(f"event:{s}:{verb}") != part:
                 continue
             made += 1
@@ -592,15 +602,7 @@ def detail_pairs(data: Path, seed: int, per_part: dict[str, int] | None = None) 
     rng = random.Random(seed + 11)
     people, places = event_subjects(data)
     out: list[dict[str, Any]] = []
-    by_part: dict[str, list[tuple[str, list[str]]]] = {p: [] for p in PARTS}
-    seen: set[str] = set()
-    for name in QA_FILES:
-        for r in read_jsonl(data / name):
-            q = clean(r["question"])
-            answers = [clean(a) for a in r["answer"] if clean(a)]
-            if answers and normalize(q) not in seen:
-                seen.add(normalize(q))
-                by_part[part_of(q)].append((q, answers))
+    by_part = qa_questions(data)
     for part, n in per_part.items():
         rec = Rows(part, "answers/detail", out)
         items = by_part[part][:]
@@ -635,11 +637,7 @@ def detail_pairs(data: Path, seed: int, per_part: dict[str, int] | None = None) 
                              "spelled_number+sentence", q)
         made = 0
         while made < n // 2:
-            if rng.random() < 0.3:
-                subject, (verb, question) = rng.choice(people), rng.choice(PERSON_EVENTS)
-            else:
-                subject = f"the {rng.choice(places)} {rng.choice(THING_NOUNS)}"
-                verb, question = rng.choice(THING_EVENTS)
+            subject, verb, question = draw_event(rng, people, places)
             if part_of(f"event:{subject}:{verb}") != part:
                 continue
             made += 1
