@@ -137,3 +137,38 @@ def test_cli_calm_and_alce(art_v1: Path, tmp_path: Path, lm_url: str, capsys: py
     (row,) = [json.loads(x) for x in alce_out.read_text().splitlines()]
     assert row["num_citations"] == 4 and row["invalid_citations"] == [9] and len(row["statements"]) == 3
     assert 0.0 <= row["citation_recall"] <= 1.0 and 0.0 <= row["citation_precision"] <= 0.75
+
+
+def test_cli_calm_and_alce_keep_invalid_records_in_place(art_v1: Path, tmp_path: Path, lm_url: str) -> None:
+    engine_args = ["--model", str(art_v1), "--device", "cpu", "--precision", "fp32"]
+    src = tmp_path / "q.jsonl"
+    src.write_text(json.dumps({"query": "", "documents": DOCS}) + "\nnot json\n"
+                   + json.dumps({"query": "What is Paris?", "documents": DOCS, "id": 7}) + "\n"
+                   + json.dumps({"query": "Where?", "documents": []}) + "\n")
+    out = tmp_path / "out.jsonl"
+    args = ["calm", str(src), "-o", str(out), "--main-base-url", lm_url, "--main-model", "big",
+            "--verifier-base-url", lm_url, "--verifier-model", "small", "--k", "2", "--max-iterations", "2",
+            "--no-progress", "--no-prompts", *engine_args]
+    assert main(args) == 2 and not out.exists()  # the default stops at the first bad line
+    assert main([*args, "--on-invalid", "keep"]) == 0
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r.get("error") for r in lines] == [
+        f"{src}:1: field 'query' must be a non-empty string",
+        f"{src}:2: not valid JSON (Expecting value); each line must be one JSON object", None,
+        f"{src}:4: field 'documents' must be a non-empty list of strings or {{\"title\", \"text\"}} objects"]
+    assert lines[2]["id"] == 7 and lines[2]["answer"] == MAIN and "answer" not in lines[0]
+    assert lines[3] == {"query": "Where?", "documents": [], "error": lines[3]["error"]}  # its fields, no result
+
+    alce_in = tmp_path / "a.jsonl"
+    alce_in.write_text(json.dumps({"answer": 3, "documents": DOCS}) + "\n"
+                       + json.dumps({"answer": MAIN, "documents": DOCS}) + "\n")
+    alce_out = tmp_path / "a_out.jsonl"
+    assert main(["alce", str(alce_in), "-o", str(alce_out), "--on-invalid", "keep", *engine_args]) == 0
+    rows = [json.loads(x) for x in alce_out.read_text().splitlines()]
+    assert rows[0] == {"answer": 3, "documents": DOCS, "error": f"{alce_in}:1: field 'answer' must be a string"}
+    assert rows[1]["num_citations"] == 4 and "error" not in rows[1]
+    missing_model = str(tmp_path / "no-such-model")  # nothing valid: the model is not loaded
+    alce_in.write_text(json.dumps({"answer": 3, "documents": DOCS}) + "\n")
+    assert main(["alce", str(alce_in), "-o", str(alce_out), "--on-invalid", "keep", "--model", missing_model]) == 0
+    assert [json.loads(x)["error"] for x in alce_out.read_text().splitlines()] == [
+        f"{alce_in}:1: field 'answer' must be a string"]

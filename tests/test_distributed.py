@@ -164,6 +164,36 @@ def test_bad_row_fails_with_its_id_and_field(cluster, art_v1: Path) -> None:
         ds.take_all()
 
 
+def test_cli_on_ray_keeps_invalid_rows_in_place(cluster, art_v1: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from fastnli.cli import main
+
+    rows = _rows(6, seed=12)
+    rows[1]["sampled_responses"] = []
+    rows[4]["response"] = None  # (a field of another type fails Arrow's read of the column: one type per column)
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["score", "--model", str(art_v1), "--precision", "fp32", "--ray", "auto", "--batch-rows", "4", str(src),
+            str(tmp_path / "ray.jsonl")]
+    try:  # the default stops at the first bad row, naming it where Ray's error quotes the task's text
+        assert main(args) == 2
+        assert "field 'sampled_responses' must be a non-empty list of strings (a bad row stops a Ray run; " \
+            "--on-invalid keep writes it with an 'error' field instead)" in " ".join(capsys.readouterr().err.split())
+    except Exception as exc:  # noqa: BLE001 - some runs, Ray raises its error without the task's text
+        assert "ray" in type(exc).__module__, exc
+    assert main([*args, "--on-invalid", "keep"]) == 0
+    out = [json.loads(x) for x in (tmp_path / "ray.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in out] == [r["id"] for r in rows]
+    assert [r["error"] for r in out] == [
+        None, "row 1 of a batch (response {!r}): field 'sampled_responses' must be a non-empty list of strings"
+        .format(rows[1]["response"][:60]), None, None, "row 0 of a batch (response 'None'): field 'response' must be a "
+        "string, got NoneType", None]
+    good = [r for r in rows if r["id"] not in (1, 4)]
+    want = _single_process(good, art_v1, scorers=("noncontradiction",)).column("noncontradiction")
+    assert [r["noncontradiction"] for r in out if r["error"] is None] == pytest.approx(want, abs=1e-6)
+    assert out[1]["noncontradiction"] is None and out[4]["noncontradiction"] is None
+
+
 def test_output_column_clash_and_missing_column(cluster, art_v1: Path) -> None:
     rows = [{"response": "a", "sampled_responses": ["b"], "noncontradiction": 0.5}]
     with pytest.raises(ValueError, match=re.escape("the dataset already has the output column(s) "
@@ -182,6 +212,8 @@ def test_output_column_clash_and_missing_column(cluster, art_v1: Path) -> None:
     ({"num_gpus_per_actor": 1}, "one actor needs 1 GPU but the Ray cluster has 0; lower num_gpus_per_actor (0 GPUs: "
                                 "CPU actors), or pass check_resources=False on an autoscaling cluster"),
     ({"scorers": ["ncp"]}, "scorers=['ncp']: unknown ['ncp']; choose from"),
+    ({"on_invalid": "skip"}, "on_invalid='skip': use 'raise' (a bad row fails the run) or 'keep' (it gets an 'error' "
+                             "column and null scores)"),
 ])
 def test_bad_arguments_name_the_argument_and_the_fix(cluster, art_v1: Path, kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -144,6 +144,14 @@ def test_cli_grounding(art_v1: Path, engine: NLIEngine, tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"statements": ["x"], "answer": "y", "documents": ["z"]}) + "\n")
     assert main(["grounding", str(bad), *args]) == 2
+    bad.write_text(json.dumps({"statements": ["x"], "answer": "y", "documents": ["z"]}) + "\n"
+                   + src.read_text().splitlines()[1] + "\n"
+                   + json.dumps({"statements": [5], "documents": ["z"]}) + "\n")
+    assert main(["grounding", str(bad), "-o", str(out), "--on-invalid", "keep", *args]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows[0]["error"] == f"{bad}:1: give exactly one of 'statements' (a list of strings) and 'answer' (a text)"
+    assert rows[1]["statements"] == ["Lyon is in France."] and "error" not in rows[1]
+    assert rows[2]["error"].startswith(f"{bad}:3: ") and "summac" not in rows[2]  # refused by the planner
 
 
 # -- 2-way heads ------------------------------------------------------------------------------------------------

@@ -220,8 +220,6 @@ def test_cli_keep_invalid_edge_cases(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert main(["score", "clash.jsonl", "--on-invalid", "keep", "--model", missing_model]) != 0
     assert "clash.jsonl:1: the record has a field 'error', where --on-invalid keep writes the errors; rename that " \
         "field, or use --on-invalid stop" in " ".join(capsys.readouterr().err.split())
-    assert main(["score", "bad.jsonl", "--on-invalid", "keep", "--ray", "local", "-o", "r.jsonl"]) != 0
-    assert "--on-invalid keep is not available with --ray" in " ".join(capsys.readouterr().err.split())
     Path("in.csv").write_text('response,sampled_responses\nParis,"[""Lyon""]"\nLyon,not json\n')
     rows = read_score_input("in.csv", keep_invalid=True)
     assert [r.get("_error") for r in rows] == [

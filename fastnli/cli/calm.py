@@ -4,6 +4,8 @@
 when ``"query"`` is absent; other fields are carried to the output). Output lines: the input fields plus the
 result's ``answer``, ``accepted``, ``iterations``, ``best_iteration``, ``stop_reason``, ``metrics``, ``error``,
 ``device``, ``precision`` and ``trace``. Exit status 1 when some query stopped on an LM error (its line says which).
+A record that cannot be read or checked stops every subcommand here before the model loads; ``--on-invalid keep``
+writes it in its place with an ``error`` field and runs the others.
 
 ``fastnli alce`` input lines: ``{"answer": str, "documents": [...]}``; output lines add ``citation_recall``,
 ``citation_precision``, ``num_citations``, ``invalid_citations`` and per-statement ``statements``.
@@ -20,16 +22,21 @@ from fastnli.cli.common import (
     SWITCH,
     add_align_units_argument,
     add_engine_arguments,
+    add_on_invalid_argument,
     engine_from_args,
+    log_invalid,
+    mark_invalid,
+    output_records,
+    read_checked,
     read_jsonl,
     write_jsonl,
+    write_unscored,
 )
 
 logger = logging.getLogger("fastnli")
 
 
-def _documents(path: str, row: dict[str, Any]) -> list[Any]:
-    where = f"{path}:{row['_line']}"
+def _documents(row: dict[str, Any], where: str) -> list[Any]:
     docs = row.get("documents")
     if docs is None:
         raise ValueError(f"{where}: missing field 'documents' (a list of strings or {{\"title\", \"text\"}} objects); "
@@ -46,20 +53,36 @@ def _documents(path: str, row: dict[str, Any]) -> list[Any]:
         raise ValueError(f"{where}: {exc}") from None
 
 
-def read_calm_input(path: str) -> list[dict[str, Any]]:
-    """Read and check a ``fastnli calm`` input file; errors name the line and the field."""
-    rows = read_jsonl(path)
-    for r in rows:
-        where = f"{path}:{r['_line']}"
-        key = "query" if "query" in r else "question"
-        q = r.get(key)
-        if q is None:
-            raise ValueError(f"{where}: missing field 'query' (the question to answer)")
-        if not isinstance(q, str) or not q.strip():
-            raise ValueError(f"{where}: field {key!r} must be a non-empty string")
-        r["_query"] = q
-        r["_documents"] = _documents(path, r)
-    return rows
+def _check_query(row: dict[str, Any], where: str) -> None:
+    """Check a ``fastnli calm`` input record (ValueError naming ``where`` and the field); keep its query and documents
+    as ``_query`` and ``_documents``."""
+    key = "query" if "query" in row else "question"
+    q = row.get(key)
+    if q is None:
+        raise ValueError(f"{where}: missing field 'query' (the question to answer)")
+    if not isinstance(q, str) or not q.strip():
+        raise ValueError(f"{where}: field {key!r} must be a non-empty string")
+    row["_documents"] = _documents(row, where)
+    row["_query"] = q
+
+
+def _check_answer(row: dict[str, Any], where: str) -> None:
+    """Check a ``fastnli alce`` input record; keep its documents as ``_documents``."""
+    if not isinstance(row.get("answer"), str):
+        raise ValueError(f"{where}: field 'answer' must be a string")
+    row["_documents"] = _documents(row, where)
+
+
+def _check_grounding(row: dict[str, Any], where: str) -> None:
+    """Check the fields of a ``fastnli grounding`` input record (its statements are checked as they are planned)."""
+    if ("statements" in row) == ("answer" in row):
+        raise ValueError(f"{where}: give exactly one of 'statements' (a list of strings) and 'answer' (a text)")
+    _documents(row, where)
+
+
+def _fields(row: dict[str, Any]) -> dict[str, Any]:
+    """A record's own fields, without the ones the CLI adds (``_line``, ``_documents``, ...)."""
+    return {key: v for key, v in row.items() if not key.startswith("_")}
 
 
 def _add_calm_arguments(p: argparse.ArgumentParser) -> None:
@@ -85,6 +108,7 @@ def _add_calm_arguments(p: argparse.ArgumentParser) -> None:
     _add_engine_defaults(p)
     p.add_argument("--on-error", default="record", choices=["record", "raise"],
                    help="record: a failing query gets an error in its line, the others go on (default); raise: stop")
+    add_on_invalid_argument(p)
     p.add_argument("--no-prompts", action="store_true", help="leave the prompts out of the trace")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_engine_arguments(p)
@@ -97,7 +121,9 @@ def _run_calm(args: argparse.Namespace) -> int:
     from fastnli.calm.lm import LMError, OpenAIChatLM
     from fastnli.calm.loop import calm_batch
 
-    rows = read_calm_input(args.input)
+    rows, valid = read_checked(args.input, _check_query, args.on_invalid == "keep")
+    if not valid:
+        return write_unscored(args.output, rows, args.input)
     lms = [OpenAIChatLM(getattr(args, f"{role}_model"), getattr(args, f"{role}_base_url"),
                         api_key_env=getattr(args, f"{role}_api_key_env"), temperature=args.temperature,
                         max_tokens=args.max_tokens, timeout=args.timeout, max_retries=args.max_retries)
@@ -108,13 +134,13 @@ def _run_calm(args: argparse.Namespace) -> int:
     engine = engine_from_args(args)
     with Progress(TextColumn("CaLM queries"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=args.no_progress, transient=True) as bar:
-        task = bar.add_task("queries", total=len(rows))
+        task = bar.add_task("queries", total=len(valid))
 
         def advance(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
         try:
-            batch = calm_batch([r["_query"] for r in rows], [r["_documents"] for r in rows], lms[0], lms[1], engine,
+            batch = calm_batch([r["_query"] for r in valid], [r["_documents"] for r in valid], lms[0], lms[1], engine,
                                k=args.k, max_iterations=args.max_iterations, check_config=config,
                                max_concurrency=args.max_concurrency, on_error=args.on_error, progress=advance)
         except LMError as exc:
@@ -122,15 +148,13 @@ def _run_calm(args: argparse.Namespace) -> int:
             return 1
 
     def records() -> Iterator[dict[str, Any]]:
-        for r, res in zip(rows, batch):
-            rec = {key: v for key, v in r.items() if not key.startswith("_")}
+        for r, res in zip(valid, batch):
             out = res.to_dict(include_prompts=not args.no_prompts)
             for key in ("index", "query", "documents"):
                 out.pop(key)
-            rec.update(out)
-            yield rec
+            yield {**_fields(r), **out}
 
-    write_jsonl(args.output, records())
+    write_jsonl(args.output, output_records(rows, records()))
     errors = sum(r.error is not None for r in batch)
     logger.info("%d queries: %d accepted, %d errors; %d NLI passes, %d pairs (%d unique); device %s, precision %s, "
                 "%.2f s", len(batch), sum(r.accepted for r in batch), errors, len(batch.passes),
@@ -156,6 +180,7 @@ def _add_alce_arguments(p: argparse.ArgumentParser) -> None:
     _add_engine_defaults(p)
     p.add_argument("--long-premise", default="chunk", choices=["chunk", "truncate"],
                    help="cited documents longer than the model: chunk (default) reads them in windows, truncate cuts")
+    add_on_invalid_argument(p)
     add_engine_arguments(p)
 
 
@@ -163,20 +188,18 @@ def _run_alce(args: argparse.Namespace) -> int:
     from fastnli.calm.alce import alce_citations
     from fastnli.calm.checks import CheckConfig
 
-    rows = read_jsonl(args.input)
-    for r in rows:
-        if not isinstance(r.get("answer"), str):
-            raise ValueError(f"{args.input}:{r['_line']}: field 'answer' must be a string")
-        r["_documents"] = _documents(args.input, r)
+    rows, valid = read_checked(args.input, _check_answer, args.on_invalid == "keep")
+    if not valid:
+        return write_unscored(args.output, rows, args.input)
     engine = engine_from_args(args)
     config = CheckConfig(entailment_rule=args.entailment_rule, entailment_threshold=args.entailment_threshold,
                          window_entailment_threshold=args.window_entailment_threshold, long_premise=args.long_premise,
                          align_units=SWITCH[args.align_units])
-    result = alce_citations([r["answer"] for r in rows], [r["_documents"] for r in rows], engine, config)
+    result = alce_citations([r["answer"] for r in valid], [r["_documents"] for r in valid], engine, config)
 
     def records() -> Iterator[dict[str, Any]]:
-        for r, check in zip(rows, result):
-            rec = {key: v for key, v in r.items() if not key.startswith("_")}
+        for r, check in zip(valid, result):
+            rec = _fields(r)
             rec.update(citation_recall=check.citation_recall, citation_precision=check.citation_precision,
                        num_citations=check.num_citations, invalid_citations=check.invalid_citations,
                        truncated_documents=check.truncated_documents,
@@ -187,7 +210,7 @@ def _run_alce(args: argparse.Namespace) -> int:
                                    for s in check.statements])
             yield rec
 
-    write_jsonl(args.output, records())
+    write_jsonl(args.output, output_records(rows, records()))
     logger.info("%d answers: citation recall %.4f, citation precision %.4f; %d pairs (%d unique), device %s, "
                 "precision %s, %.2f s", len(result), result.citation_recall, result.citation_precision,
                 result.stats.get("pairs_in", 0), result.stats.get("unique_pairs", 0), result.device, result.precision,
@@ -198,35 +221,40 @@ def _run_alce(args: argparse.Namespace) -> int:
 def _run_grounding(args: argparse.Namespace) -> int:
     from fastnli.calm.grounding import finish_grounding, plan_grounding
 
-    rows = read_jsonl(args.input)
+    keep_invalid = args.on_invalid == "keep"
+    rows = read_jsonl(args.input, keep_invalid)
+    valid = mark_invalid(rows, _check_grounding, args.input, keep_invalid)
+    if not valid:
+        log_invalid(rows, args.input)
+        return write_unscored(args.output, rows, args.input)
     engine = engine_from_args(args)
-    plans = []
-    for r in rows:
-        where = f"{args.input}:{r['_line']}"
-        if ("statements" in r) == ("answer" in r):
-            raise ValueError(f"{where}: give exactly one of 'statements' (a list of strings) and 'answer' (a text)")
+
+    def make_plan(r: dict[str, Any], where: str) -> None:  # a statement or document the planner refuses
         try:
-            statements = r["statements"] if "statements" in r else r["answer"]
-            plans.append(plan_grounding(statements, _documents(args.input, r), engine, args.granularity,
-                                        args.threshold, SWITCH[args.align_units]))
+            r["_plan"] = plan_grounding(r["statements"] if "statements" in r else r["answer"], _documents(r, where),
+                                        engine, args.granularity, args.threshold, SWITCH[args.align_units])
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{where}: {exc}") from None
+
+    valid = mark_invalid(valid, make_plan, args.input, keep_invalid)
+    log_invalid(rows, args.input)
+    plans = [r["_plan"] for r in valid]
     pairs = [pair for plan in plans for pair in plan.pairs]
     probs, stats = engine.predict_with_stats(pairs)  # one engine pass for the whole file
 
     def records() -> Iterator[dict[str, Any]]:
         offset = 0
-        for r, plan in zip(rows, plans):
+        for r, plan in zip(valid, plans):
             n = len(plan.pairs)
             result = finish_grounding(plan, probs[offset:offset + n], engine.labels)
             offset += n
             out = result.to_dict(matrix=args.matrix)
             for key in ("stats", "device", "precision", "seconds"):
                 out.pop(key)
-            yield {**{key: v for key, v in r.items() if not key.startswith("_")}, **out}
+            yield {**_fields(r), **out}
 
-    write_jsonl(args.output, records())
-    logger.info("%d lines: %d pairs (%d unique, %d truncated) on %s/%s in %.2f s", len(rows), stats.pairs_in,
+    write_jsonl(args.output, output_records(rows, records()))
+    logger.info("%d lines: %d pairs (%d unique, %d truncated) on %s/%s in %.2f s", len(valid), stats.pairs_in,
                 stats.unique_pairs, stats.truncated_pairs, engine.device, engine.precision, stats.seconds)
     return 0
 
@@ -251,5 +279,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    "for several, named by the embedded default model's manifest)")
     p.add_argument("--matrix", action="store_true", help="write the probability tensor (probs) too")
     add_align_units_argument(p, "each statement")
+    add_on_invalid_argument(p)
     add_engine_arguments(p)
     p.set_defaults(func=_run_grounding)

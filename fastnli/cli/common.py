@@ -117,8 +117,8 @@ def mark_invalid(rows: list[dict[str, Any]], check: Callable[[dict[str, Any], st
     """Run ``check(row, "path:line")`` on every readable row and return the rows that pass.
 
     A row that fails raises the check's ValueError, or, with ``keep_invalid``, keeps the message as ``_error`` (and
-    stays in ``rows``, in its place). With ``keep_invalid``, a record that already has an ``error`` field is refused
-    (ValueError), since the output writes the errors there.
+    stays in ``rows``, in its place, without the fields the check added). With ``keep_invalid``, a record that already
+    has an ``error`` field is refused (ValueError), since the output writes the errors there.
     """
     valid = []
     for r in rows:
@@ -127,11 +127,14 @@ def mark_invalid(rows: list[dict[str, Any]], check: Callable[[dict[str, Any], st
         if keep_invalid and "error" in r:
             raise ValueError(f"{path}:{r['_line']}: the record has a field 'error', where --on-invalid keep writes "
                              "the errors; rename that field, or use --on-invalid stop")
+        before = set(r)
         try:
             check(r, f"{path}:{r['_line']}")
         except ValueError as exc:
             if not keep_invalid:
                 raise
+            for key in set(r) - before:  # what the check added before it failed
+                del r[key]
             r[ERROR_KEY] = str(exc)
             continue
         valid.append(r)
@@ -147,6 +150,24 @@ def output_records(rows: list[dict[str, Any]], outputs: Iterable[dict[str, Any]]
             yield {**{k: v for k, v in r.items() if k not in ("_line", ERROR_KEY)}, "error": r[ERROR_KEY]}
         else:
             yield next(it)
+
+
+def read_checked(path: str | Path, check: Callable[[dict[str, Any], str], None],
+                 keep_invalid: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Read a JSON-lines file (:func:`read_jsonl`), check its records (:func:`mark_invalid`) and log how many were
+    kept with an error (:func:`log_invalid`). Returns (every record, in order; the valid ones)."""
+    rows = read_jsonl(path, keep_invalid)
+    valid = mark_invalid(rows, check, path, keep_invalid)
+    log_invalid(rows, path)
+    return rows, valid
+
+
+def write_unscored(output: str | Path | None, rows: list[dict[str, Any]], path: str | Path) -> int:
+    """Write the records of ``path`` when none of them could be scored (each with its ``error``), without loading a
+    model. Returns the exit status, 0."""
+    write_jsonl(output, output_records(rows, []))
+    logger.info("no record of %s could be scored; the model was not loaded", path)
+    return 0
 
 
 def log_invalid(rows: list[dict[str, Any]], path: str | Path) -> None:

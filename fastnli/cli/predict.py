@@ -13,11 +13,10 @@ from fastnli.cli.common import (
     add_on_invalid_argument,
     console,
     engine_from_args,
-    log_invalid,
-    mark_invalid,
     output_records,
-    read_jsonl,
+    read_checked,
     write_jsonl,
+    write_unscored,
 )
 from fastnli.cli.export import print_manifest
 
@@ -35,13 +34,9 @@ def _check_pair(record: dict[str, Any], where: str) -> None:
 
 def _cmd_predict(args: argparse.Namespace) -> int:
     keep_invalid = args.on_invalid == "keep"
-    rows = read_jsonl(args.input, keep_invalid)
-    valid = mark_invalid(rows, _check_pair, args.input, keep_invalid)
-    log_invalid(rows, args.input)
+    rows, valid = read_checked(args.input, _check_pair, keep_invalid)
     if not valid:
-        write_jsonl(args.output, output_records(rows, []))
-        logger.info("no record of %s could be scored; the model was not loaded", args.input)
-        return 0
+        return write_unscored(args.output, rows, args.input)
     engine = engine_from_args(args)
     result = engine.predict_detailed([(r["premise"], r["hypothesis"]) for r in valid], long_premise=args.long_premise)
     stats = result.stats

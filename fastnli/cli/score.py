@@ -12,6 +12,7 @@ import argparse
 import csv
 import json
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +30,7 @@ from fastnli.cli.common import (
     output_records,
     read_jsonl,
     write_jsonl,
+    write_unscored,
 )
 from fastnli.engine import CPU_POLICY, CUDA_POLICY
 from fastnli.scorers.api import SCORERS, score
@@ -134,10 +136,31 @@ def _run_ray(args: argparse.Namespace, output: str, scorers: tuple[str, ...]) ->
                        num_actors=_parse_actors(args.actors), num_cpus_per_actor=args.cpus_per_actor,
                        num_gpus_per_actor=args.gpus_per_actor, precision=args.precision, batch_rows=args.batch_rows,
                        batch_policy=policy, question_aware=SWITCH[args.question_aware],
-                       align_units=SWITCH[args.align_units])
-    n = write_scores(ds, output)
+                       align_units=SWITCH[args.align_units],
+                       on_invalid="keep" if args.on_invalid == "keep" else "raise")
+    try:
+        n = write_scores(ds, output)
+    except Exception as exc:
+        bad_row = _user_error(exc)
+        if bad_row is None:
+            raise
+        raise ValueError(f"{bad_row} (a bad row stops a Ray run; --on-invalid keep writes it with an 'error' field "
+                         "instead)") from None
     logger.info("%d rows scored on Ray (%s actors) -> %s", n, args.actors, output)
     return 0
+
+
+def _user_error(exc: BaseException) -> str | None:
+    """The message of the ValueError a Ray task raised on a bad row, as the text of Ray's error quotes it (Ray passes
+    the task's traceback as text, not the exception itself); None when there is none."""
+    seen, todo, found = set(), [exc], []
+    while todo:  # Ray's error and the errors it chains (its UserCodeException may hold the task's text)
+        e = todo.pop()
+        if id(e) not in seen:
+            seen.add(id(e))
+            found += re.findall(r"^ValueError: (.+)$", str(e), re.M)
+            todo += [c for c in (getattr(e, "cause", None), e.__cause__, e.__context__) if isinstance(c, BaseException)]
+    return found[-1] if found else None
 
 
 def _parse_scorers(text: str, use_best: bool) -> tuple[str, ...]:
@@ -164,9 +187,6 @@ def _run(args: argparse.Namespace) -> int:
     scorers = _parse_scorers(args.scorers, args.use_best)  # before any file is read or model loaded
     keep_invalid = args.on_invalid == "keep"
     if args.ray is not None:
-        if keep_invalid:
-            raise ValueError("--on-invalid keep is not available with --ray (a bad row fails the run, naming the "
-                             "row and field); check the input first, or score it without --ray")
         if args.output is None:
             raise ValueError("--ray needs an output file (OUTPUT or -o), .jsonl or .parquet")
         return _run_ray(args, args.output, scorers)
@@ -178,9 +198,7 @@ def _run(args: argparse.Namespace) -> int:
     if question_aware is True and prompts is None:
         raise ValueError(f"--question-aware on needs a 'prompt' field (the question) in every record of {args.input}")
     if not valid:
-        write_jsonl(args.output, output_records(rows, []))
-        logger.info("no record of %s could be scored; the model was not loaded", args.input)
-        return 0
+        return write_unscored(args.output, rows, args.input)
     engine = engine_from_args(args)
     with Progress(TextColumn("scoring pairs"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   disable=args.no_progress, transient=True) as bar:

@@ -23,11 +23,16 @@ from fastnli.scorers.records import check_record
 logger = logging.getLogger("fastnli")
 
 
-def output_columns(scorers: Sequence[str], use_best: bool) -> list[str]:
-    """The columns :class:`NLIScorer` appends: one per scorer, and ``best_response`` with ``use_best`` and a
-    semantic scorer (as ``fastnli score`` writes them)."""
+#: the column that holds why a row could not be scored, when bad rows are kept (``on_invalid="keep"``)
+ERROR_COLUMN = "error"
+
+
+def output_columns(scorers: Sequence[str], use_best: bool, keep_invalid: bool = False) -> list[str]:
+    """The columns :class:`NLIScorer` appends: one per scorer, ``best_response`` with ``use_best`` and a semantic
+    scorer (as ``fastnli score`` writes them), and :data:`ERROR_COLUMN` when bad rows are kept."""
     semantic = {"semantic_negentropy", "semantic_sets_confidence"} & set(scorers)
-    return [*scorers, *(["best_response"] if use_best and semantic else [])]
+    return [*scorers, *(["best_response"] if use_best and semantic else []),
+            *([ERROR_COLUMN] if keep_invalid else [])]
 
 
 class NLIScorer:
@@ -49,6 +54,9 @@ class NLIScorer:
             :func:`fastnli.scorers.units.resolve_align_units`).
         id_column: a column whose value names a row in error messages (default: the row's place in its batch).
         batch_policy: the engine's batch policy (default: the device's).
+        keep_invalid: a row that cannot be scored (a field missing or of the wrong type) gets its message in
+            :data:`ERROR_COLUMN` and null scores, and the batch's other rows are scored (default False: it fails the
+            batch, naming the row and the field).
     """
 
     def __init__(self, artifact: SharedArtifact, device: DeviceArg = "cpu", precision: PrecisionArg = "auto",
@@ -56,8 +64,8 @@ class NLIScorer:
                  max_length: int | None = 2000, response_column: str = "response",
                  samples_column: str = "sampled_responses", id_column: str | None = None,
                  batch_policy: BatchPolicy | None = None, prompt_column: str = "prompt",
-                 question_format: str | None = None, require_prompts: bool = False, align_units: bool = False
-                 ) -> None:
+                 question_format: str | None = None, require_prompts: bool = False, align_units: bool = False,
+                 keep_invalid: bool = False) -> None:
         self.engine = NLIEngine(artifact.open(), device=device, precision=precision, batch_policy=batch_policy,
                                 session_config=SessionConfig(intra_op_threads=threads))
         require_three_way(self.engine.labels, f"scoring {list(scorers)} on Ray")
@@ -71,7 +79,8 @@ class NLIScorer:
         self.question_format = question_format
         self.require_prompts = require_prompts
         self.align_units = align_units
-        self.columns = output_columns(self.scorers, use_best)
+        self.keep_invalid = keep_invalid
+        self.columns = output_columns(self.scorers, use_best, keep_invalid)
         logger.info("Ray actor engine ready: %r", self.engine)
 
     def _where(self, table: Any, i: int, response: Any) -> str:
@@ -91,27 +100,45 @@ class NLIScorer:
             raise ValueError(f"the dataset already has the output column(s) {clash}; rename or drop them first")
         responses = table.column(self.response_column).to_pylist()
         samples = table.column(self.samples_column).to_pylist()
-        for i, (r, s) in enumerate(zip(responses, samples)):
-            check_record({self.response_column: r, self.samples_column: s}, self._where(table, i, r),
-                         self.response_column, self.samples_column)
         questions = None
         if self.question_format is not None and self.prompt_column in table.column_names:
             questions = table.column(self.prompt_column).to_pylist()
-            for i, (r, q) in enumerate(zip(responses, questions)):
-                if not isinstance(q, str):
-                    raise ValueError(f"{self._where(table, i, r)}: field {self.prompt_column!r} must be a string (the "
-                                     f"question), got {type(q).__name__}")
         elif self.require_prompts:
             raise ValueError(f"question_aware=True needs a {self.prompt_column!r} column (the question of each row); "
                              f"columns: {table.column_names}")
-        plan = plan_scores(responses, samples, self.scorers, use_best=self.use_best, max_length=self.max_length,
-                           questions=questions, question_format=self.question_format or QUESTION_FORMAT,
-                           align_units=self.align_units)
-        probs, stats = self.engine.predict_with_stats(plan.pairs)
-        rows = score_rows(plan, probs)
-        logger.debug("batch of %d rows: %d pairs, %d unique, %.2f s", len(rows), stats.pairs_in, stats.unique_pairs,
-                     stats.seconds)
+        errors = [self._check(table, i, responses[i], samples[i], questions) for i in range(len(responses))]
+        ok = [i for i, e in enumerate(errors) if e is None]
+        values: dict[str, list[Any]] = {name: [None] * len(responses) for name in self.columns}
+        if ok:
+            plan = plan_scores([responses[i] for i in ok], [samples[i] for i in ok], self.scorers,
+                               use_best=self.use_best, max_length=self.max_length,
+                               questions=None if questions is None else [questions[i] for i in ok],
+                               question_format=self.question_format or QUESTION_FORMAT, align_units=self.align_units)
+            probs, stats = self.engine.predict_with_stats(plan.pairs)
+            for i, row in zip(ok, score_rows(plan, probs)):
+                for name in self.columns:
+                    if name != ERROR_COLUMN:
+                        values[name][i] = getattr(row, name)
+            logger.debug("batch of %d rows: %d pairs, %d unique, %.2f s", len(ok), stats.pairs_in,
+                         stats.unique_pairs, stats.seconds)
+        if self.keep_invalid:
+            values[ERROR_COLUMN] = errors
         for name in self.columns:
-            kind = pa.string() if name == "best_response" else pa.float64()
-            table = table.append_column(name, pa.array([getattr(r, name) for r in rows], type=kind))
+            kind = pa.string() if name in ("best_response", ERROR_COLUMN) else pa.float64()
+            table = table.append_column(name, pa.array(values[name], type=kind))
         return table
+
+    def _check(self, table: Any, i: int, response: Any, samples: Any, questions: list[Any] | None) -> str | None:
+        """Why row ``i`` cannot be scored, or None: a bad row raises ValueError unless bad rows are kept."""
+        where = self._where(table, i, response)
+        try:
+            check_record({self.response_column: response, self.samples_column: samples}, where,
+                         self.response_column, self.samples_column)
+            if questions is not None and not isinstance(questions[i], str):
+                raise ValueError(f"{where}: field {self.prompt_column!r} must be a string (the question), got "
+                                 f"{type(questions[i]).__name__}")
+        except ValueError as exc:
+            if not self.keep_invalid:
+                raise
+            return str(exc)
+        return None

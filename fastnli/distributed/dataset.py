@@ -114,6 +114,7 @@ def score_dataset(
     prompt_column: str = "prompt",
     question_aware: bool | None = None,
     align_units: bool | None = None,
+    on_invalid: Literal["raise", "keep"] = "raise",
     preserve_order: bool = True,
     share: ShareArg = "auto",
     cache_dir: str | Path | None = None,
@@ -142,6 +143,9 @@ def score_dataset(
             (as :func:`fastnli.score`'s ``prompts`` and ``question_aware``: by default where the model was trained
             question-aware and the dataset has the column).
         align_units: as :func:`fastnli.score`'s (default: the model's manifest says).
+        on_invalid: a row that cannot be scored (a field missing or of the wrong type): ``"raise"`` (default) fails
+            the run, naming the row and the field; ``"keep"`` gives it null scores and its message in an ``error``
+            column (null for the scored rows), and scores the others.
         preserve_order: keep the input's row order (default True; sets ``preserve_order`` in the execution options
             of the dataset's ``DataContext``, shared with the datasets it derives from).
         share: how the artifact reaches the actors: ``"auto"`` (default), ``"path"`` or ``"object_store"``
@@ -153,7 +157,7 @@ def score_dataset(
 
     Returns:
         A lazy ``ray.data.Dataset``: the input columns plus one float column per scorer (and ``best_response`` with
-        ``use_best`` and a semantic scorer); exactly one row per input row.
+        ``use_best`` and a semantic scorer, ``error`` with ``on_invalid="keep"``); exactly one row per input row.
 
     Raises:
         ImportError: without Ray Data (``pip install 'fastnli[ray]'``).
@@ -164,6 +168,10 @@ def score_dataset(
     scorer_set = check_scorers(scorers)
     check_max_length(max_length)
     _check_positive("batch_rows", batch_rows)
+    if on_invalid not in ("raise", "keep"):
+        raise ValueError(f"on_invalid={on_invalid!r}: use 'raise' (a bad row fails the run) or 'keep' (it gets an "
+                         "'error' column and null scores)")
+    keep_invalid = on_invalid == "keep"
     _check_positive("num_cpus_per_actor", num_cpus_per_actor)
     _check_positive("num_gpus_per_actor", num_gpus_per_actor, allow_zero=True)
     compute = _actor_pool(ray, num_actors)
@@ -203,7 +211,7 @@ def score_dataset(
             if col not in names:
                 raise ValueError(f"the dataset has no column {col!r} (columns: {names}); name the columns with "
                                  "response_column= / samples_column=")
-        clash = [c for c in output_columns(scorer_set, use_best) if c in names]
+        clash = [c for c in output_columns(scorer_set, use_best, keep_invalid) if c in names]
         if clash:
             raise ValueError(f"the dataset already has the output column(s) {clash}; rename or drop them first")
         if question_aware is True and prompt_column not in names:
@@ -243,6 +251,7 @@ def score_dataset(
             "prompt_column": prompt_column,
             "question_format": question_format,
             "require_prompts": question_aware is True,
+            "keep_invalid": keep_invalid,
             "align_units": aligned,
         },
         **kwargs,
