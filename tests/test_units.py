@@ -164,6 +164,19 @@ def test_alignment_comes_before_the_question_form() -> None:
                           (with_question(q, "182 miles"), with_question(q, "354 miles"))]
 
 
+def test_the_evaluation_aligns_question_aware_rows_as_the_scorers_do() -> None:
+    """mission_eval reads a question-aware row as plan_scores does: the answers aligned, then the question put in
+    front (a number in the question is no form for the answer to take)."""
+    from tools.default_model.mission_eval import aligned_hypothesis
+
+    q = "what is the movie about six degrees of separation"
+    row = {"premise": with_question(q, "7 Degrees"), "hypothesis": with_question(q, "6 Degrees"), "question": q}
+    plan = plan_scores(["7 Degrees"], [["6 Degrees"]], questions=[q], align_units=True)
+    assert aligned_hypothesis(row) == plan.pairs[0][1] == with_question(q, "6 Degrees")
+    row = {"premise": "569 km", "hypothesis": "It is three hundred fifty-four miles.", "question": q}
+    assert aligned_hypothesis(row) == "It is 569 km."  # not question-aware: the hypothesis aligned to the premise
+
+
 def test_the_embedded_model_aligns_units_by_default() -> None:
     """The shipped manifest's choice (made on the dev part by tools/default_model/ship.py) and what it does."""
     assert read_manifest(DEFAULT_MODEL_DIR).align_units is True

@@ -91,8 +91,9 @@ class CheckConfig:
         min_citation_recall: when set, acceptance also needs this citation recall (default None: not used).
         check_citations: compute ALCE citation support (default True); False plans no citation pairs.
         long_premise: ``"chunk"`` (default: read long premises in windows) or ``"truncate"``.
-        align_units: write each statement's quantities in its premise's units before NLI
-            (:func:`fastnli.scorers.units.align_units`: a document's "569 km" supports "354 miles"); default None:
+        align_units: write each statement's quantities in its premise's units (and its numbers of equal value in the
+            premise's form) before NLI (:func:`fastnli.scorers.units.align_units`: a document's "569 km" supports
+            "354 miles"); default None:
             where the engine's model says so (its manifest's ``align_units``), once the config meets the engine.
     """
 

@@ -252,8 +252,9 @@ def grounding(statements: str | Sequence[str], documents: Sequence[Any], engine:
         granularity: ``"window"`` (default) or ``"sentence"``.
         threshold: ``supported`` means ``entailment > threshold`` (default None: 0.5 when the documents are one
             source, the engine's window threshold when they are several; the result's ``threshold`` says which).
-        align_units: write each statement's quantities in the units of the source it meets
-            (:func:`fastnli.scorers.units.align_units`; default None: where the model's manifest says so).
+        align_units: write each statement's quantities in the units of the source it meets (and its numbers of equal
+            value in the source's form; :func:`fastnli.scorers.units.align_units`; default None: where the model's
+            manifest says so).
 
     Raises:
         TypeError / ValueError: naming the bad field.

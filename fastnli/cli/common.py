@@ -53,9 +53,10 @@ SWITCH = {"auto": None, "on": True, "off": False}
 def add_align_units_argument(p: argparse.ArgumentParser, what: str) -> None:
     """``--align-units auto|on|off``: ``align_units`` of the scorers or checks (``SWITCH[args.align_units]``)."""
     p.add_argument("--align-units", choices=list(SWITCH), default="auto",
-                   help=f"write the quantities of {what} in the other text's units before NLI (\"354 miles\" against "
-                   "\"569 km\" reads as \"569 km\"): auto (default) where the model's manifest says so (the embedded "
-                   "default model), on for any model, off: the texts as given")
+                   help=f"write the quantities of {what} in the other text's units, and its numbers of equal value in "
+                   "the other text's form, before NLI (\"354 miles\" against \"569 km\" reads as \"569 km\", \"one "
+                   "hundred sixty-eight\" against \"168\" as \"168\"): auto (default) where the model's manifest says "
+                   "so (the embedded default model), on for any model, off: the texts as given")
 
 
 def engine_from_args(args: argparse.Namespace) -> Any:

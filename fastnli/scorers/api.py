@@ -374,9 +374,10 @@ def score(
         question_aware: None (default): use ``prompts`` only when the model was trained question-aware (its
             manifest's ``question_format``: the embedded default model); any other model gets uqlm's exact inputs.
             True: use them with any model; False: never. ``ScoreResult.question_format`` says what was used.
-        align_units: rewrite the quantities of each pair's hypothesis in its premise's units before NLI
-            (:func:`~fastnli.scorers.units.align_units`: "354 miles" against "569 kilometres" is read as "569
-            kilometres", "182 miles" as "293 kilometres"). None (default): where the model's manifest says so
+        align_units: rewrite the quantities of each pair's hypothesis in its premise's units, and its numbers of equal
+            value in its premise's form, before NLI (:func:`~fastnli.scorers.units.align_units`: "354 miles" against
+            "569 kilometres" is read as "569 kilometres", "182 miles" as "293 kilometres", "one hundred sixty-eight"
+            against "168" as "168"). None (default): where the model's manifest says so
             (``align_units``: the embedded default model); any other model gets uqlm's exact inputs. True/False:
             always/never. ``ScoreResult.align_units`` says what was used.
 

@@ -1,4 +1,5 @@
-"""Unit alignment: the quantities of a hypothesis rewritten into the premise's units before NLI.
+"""Unit alignment: the quantities of a hypothesis rewritten into the premise's units before NLI (and its numbers into
+the premise's form).
 
 A small NLI model compares "569 kilometres" with "354 miles" by their digits, not by converting them: it cannot tell
 the right conversion from a wrong one. :func:`align_units` does the conversion, so that the model compares numbers in
@@ -8,10 +9,11 @@ one unit, which it does well:
   kilometres long." (354 miles, as stated to the unit, is 569 km as stated to the kilometre: the same quantity);
 - "... 182 miles long." becomes "... 293 kilometres long." (a different quantity, written in the premise's unit).
 
-Numbers are read as digits ("1,140", "2.5") or as words up to "ninety-nine" and "nine thousand" ("five miles", "a
-hundred metres"). Only quantities with a unit of the table below are touched, only when the premise states a
-quantity of the same dimension in another unit and none in the hypothesis's own unit; everything else in the text is
-kept byte for byte.
+Numbers are read as digits ("1,140", "2.5") or as words (:mod:`fastnli.scorers.numbers`: "five miles", "a hundred
+metres", "three hundred fifty-four miles"). Only quantities with a unit of the table below are converted, only when the
+premise states a quantity of the same dimension in another unit and none in the hypothesis's own unit; then a number
+the premise writes with the same value in another form takes the premise's form
+(:func:`~fastnli.scorers.numbers.align_numbers`); everything else in the text is kept byte for byte.
 Two quantities are the same when their intervals as stated (half a unit of the last written digit either side;
 round numbers: see :func:`_half`) overlap, widened by :data:`RELATIVE_SLACK` for rounded conversion factors
 ("5 miles" is "8 km").
@@ -25,6 +27,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
+
+from fastnli.scorers.numbers import NUMBER_DIGITS, NUMBER_WORDS, align_numbers, word_value
 
 #: the relative tolerance of "the same quantity" on top of the stated precision (1 mile = 1.6 km, 1 inch = 2.5 cm)
 RELATIVE_SLACK = 0.01
@@ -115,22 +119,8 @@ _UNIT_FORMS: tuple[tuple[Unit, tuple[str, ...], tuple[str, ...]], ...] = (
 )
 _WORDS = {form: unit for unit, words, _ in _UNIT_FORMS for form in words}
 _SYMBOLS = {form: unit for unit, _, symbols in _UNIT_FORMS for form in symbols}
-_ONES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-         "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen")
-_TENS = ("twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
-#: number words and their values: 0-99 ("twenty-five", "twenty five"), "a/one .. nine hundred/thousand"
-_NUMBER_WORDS: dict[str, int] = {
-    **{w: i for i, w in enumerate(_ONES)},
-    **{t: 20 + 10 * i for i, t in enumerate(_TENS)},
-    **{f"{t}{sep}{o}": 20 + 10 * i + j for i, t in enumerate(_TENS) for j, o in enumerate(_ONES[1:10], 1)
-       for sep in ("-", " ")},
-    **{f"{m} {big}": (1 if m == "a" else _ONES.index(m)) * scale for m in ("a", *_ONES[1:10])
-       for big, scale in (("hundred", 100), ("thousand", 1000))},
-}
-# not a digit of a longer number, an identifier or an amount of money ("$5m" is five million); or a number word
-_NUMBER = (r"(?<![\w.,$£€])(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?i:"
-           + "|".join(re.escape(w).replace(r"\ ", r"\s+") for w in sorted(_NUMBER_WORDS, key=len, reverse=True))
-           + r")\b)")
+# not a digit of a longer number, an identifier or an amount of money ("$5m" is five million); or a number in words
+_NUMBER = rf"(?<![\w.,$£€])({NUMBER_DIGITS}|{NUMBER_WORDS}\b)"
 
 
 def _alternation(forms: list[str]) -> str:
@@ -199,7 +189,7 @@ def _half(number: str, value: float) -> float:
 
 def _value(number: str) -> tuple[float, float]:
     """(value, half its stated precision) of a number as written, in digits or in words."""
-    spoken = _NUMBER_WORDS.get(" ".join(number.lower().split()))
+    spoken = word_value(number) if number[:1].isalpha() else None
     value = float(number.replace(",", "")) if spoken is None else float(spoken)
     return value, _half(number if spoken is None else str(spoken), value)
 
@@ -264,7 +254,9 @@ def _same(a: Quantity, b: Quantity) -> bool:
 
 def align_units(premise: str, hypothesis: str) -> str:
     """``hypothesis`` with each quantity that the premise states in another unit of its dimension rewritten in the
-    premise's unit: as the premise writes it when they are the same quantity, converted otherwise.
+    premise's unit: as the premise writes it when they are the same quantity, converted otherwise; then each number
+    that the premise writes with the same value in another form (digits, words, a scale word) written as the premise
+    writes it (:func:`~fastnli.scorers.numbers.align_numbers`: "one hundred sixty-eight" against "168" reads "168").
 
     A hypothesis quantity in a unit the premise also uses (both of one part) keeps its number: it only takes the
     premise's words when the numbers are equal ("100 degrees Celsius" against "100 °C" reads "100 °C"; "90 degrees
@@ -272,8 +264,13 @@ def align_units(premise: str, hypothesis: str) -> str:
     as it is. When the premise has several of the dimension, the one nearest in value is the reference. A range
     ("5 to 10 miles", "between 5 and 10 miles", "5-10 miles") is one quantity: converted number by number, and never
     replaced by the premise's words, nor a value by a range's. The text outside the rewritten quantities is
-    unchanged; a text without quantities comes back as it is.
+    unchanged; a text without quantities or numbers comes back as it is.
     """
+    return align_numbers(premise, _align_quantities(premise, hypothesis))
+
+
+def _align_quantities(premise: str, hypothesis: str) -> str:
+    """:func:`align_units`' first pass: the hypothesis's quantities in the premise's units."""
     theirs = _quantities(premise)
     if not theirs:
         return hypothesis

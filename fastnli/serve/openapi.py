@@ -26,7 +26,8 @@ _NCP_IN = {"type": "object", "required": ["response", "sampled_responses"], "pro
     "question_aware": {"type": ["boolean", "null"], "default": None,
                        "description": "null: use the prompt where the model was trained question-aware"},
     "align_units": {"type": ["boolean", "null"], "default": None,
-                    "description": "rewrite quantities in the other answer's units before NLI; null: the model's "
+                    "description": "rewrite quantities in the other answer's units (and equal numbers in its form: "
+                                   "digits or words) before NLI; null: the model's "
                                    "default (on for the embedded model)"}}}
 _NCP_OUT = {"type": "object", "properties": {
     "num_samples": {"type": "integer"}, "noncontradiction": {"type": ["number", "null"]},

@@ -19,7 +19,8 @@ Run from the repository root::
     python -m tools.default_model.mission_eval --rows /tmp/ans/dev.jsonl --hf /tmp/exp/m1   # a torch checkpoint
 
 ``--align-units`` reads every pair as the scorers do with ``align_units`` (:mod:`fastnli.scorers.units`): the
-hypothesis's quantities in the premise's units, and a pair that becomes one text scored as identical strings are.
+hypothesis's quantities in the premise's units and its numbers in the premise's form (a question-aware row's answers
+aligned before the question goes in front), and a pair that becomes one text scored as identical strings are.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from fastnli.scorers.questions import with_question
 from fastnli.scorers.units import align_units
 from tools.default_model.answer_data import MEANING_KEPT, ONE_WAY, VALUE_SWAPS, read_jsonl
 
@@ -136,13 +138,23 @@ def gate_indices(rows: Sequence[dict[str, Any]], every: int = 10) -> list[int]:
     return [i for i, r in enumerate(rows) if r["pair_id"] in keep or i in singles]
 
 
+def aligned_hypothesis(row: dict[str, Any]) -> str:
+    """A row's hypothesis as the scorers read it with ``align_units``: its answer aligned to the premise's answer,
+    then put after the question, when the row is question-aware (the scorers align before the question form); else
+    the hypothesis aligned to the premise."""
+    prefix = with_question(row.get("question") or "", "")
+    if row.get("question") and row["premise"].startswith(prefix) and row["hypothesis"].startswith(prefix):
+        return prefix + align_units(row["premise"][len(prefix):], row["hypothesis"][len(prefix):])
+    return align_units(row["premise"], row["hypothesis"])
+
+
 def row_probs(predict: Callable[[list[tuple[str, str]]], np.ndarray], rows: Sequence[dict[str, Any]],
               aligned: bool = False, plain: np.ndarray | None = None) -> np.ndarray:
     """``predict``'s probabilities ``[N, 3]`` of the rows' pairs; with ``aligned``, of the pairs as the scorers read
     them with ``align_units`` (a pair that becomes one text gets (0, 0, 1), as identical strings, without the model).
     ``plain``: the rows' probabilities as written, kept for the pairs that alignment leaves as they are (a
     batch-invariant engine gives them the same scores again)."""
-    pairs = [(r["premise"], align_units(r["premise"], r["hypothesis"]) if aligned else r["hypothesis"]) for r in rows]
+    pairs = [(r["premise"], aligned_hypothesis(r) if aligned else r["hypothesis"]) for r in rows]
     out = np.tile(np.array([0.0, 0.0, 1.0], dtype=np.float32), (len(rows), 1))
     todo = [i for i, (p, h) in enumerate(pairs) if not aligned or p != h]
     if plain is not None:

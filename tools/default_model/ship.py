@@ -753,8 +753,9 @@ def align_units_text(q: dict[str, Any]) -> str:
     groups = "; ".join(f"{form}: value swaps {g['value_swaps']:.3f}, meaning kept {g['meaning_kept']:.3f}, AUROC "
                        f"{g['agreement_auroc']:.3f}" for form, g in test["groups"].items())
     return (f"Units aligned by default: {'yes' if a['default'] else 'no'} (`fastnli.scorers.units`: the scorers write "
-            "a compared answer's quantities in the other's units before NLI, so the model compares numbers in one "
-            f"unit; {a['rule']}; dev part, unit categories {a['dev']['plain']:.3f} as written, {a['dev']['aligned']:.3f} "
+            "a compared answer's quantities in the other's units, and its numbers of equal value in the other's form "
+            "(\"168\" / \"one hundred sixty-eight\"), before NLI, so the model compares numbers in one unit and one "
+            f"form; {a['rule']}; dev part, unit categories {a['dev']['plain']:.3f} as written, {a['dev']['aligned']:.3f} "
             f"aligned). Test part with aligned units (the table above reads the pairs as written): {cats}; {groups}. The "
             "unit rows are conversions between the units of the alignment's table, so aligned they measure the "
             "conversion, not the model; a unit or written form outside the table is read as written."
