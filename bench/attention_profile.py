@@ -9,7 +9,10 @@ and of four groups: the INT8 GEMMs, the fp32 MatMuls (the attention products: QK
 relative-position terms), the position plumbing (Slice, Transpose, GatherElements, Gather, Expand, Reshape, Concat,
 ...) and the rest. With several graphs of an architecture it then times the engine end to end on each (the directed
 NCP pairs of the bench's short and long workloads, the graphs alternating, best of ``--runs``) and reports the time
-ratio to the first graph and the largest probability difference. ``--json`` writes the figures.
+ratio to the first graph and the largest probability difference. ``--int8-attention`` adds, for each graph, a
+variant whose INT8 graph quantizes the attention products too (ORT's dynamic recipe with ``MatMulConstBOnly`` off:
+both inputs of QK^T, attention x V and the position terms quantized per tensor at run time) and reports its argmax
+agreement with the fp32 graph beside the default INT8 graph's. ``--json`` writes the figures.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fastnli.exporter.precision import INT8_RECIPE
 
 logger = logging.getLogger("fastnli")
 
@@ -98,11 +103,17 @@ def shares(per_op: dict[str, float]) -> dict[str, Any]:
 GRAPHS = {"hf": (False, False), "window": (False, True), "shift": (True, True)}  # (relative_shift, position_window)
 
 
-def build_and_export(arch: str, layers: int, root: Path, graph: str = "window") -> tuple[Path, Path]:
+#: The dynamic INT8 recipe with the attention products quantized too (``--int8-attention``).
+INT8_ATTENTION_RECIPE: dict[str, Any] = {**INT8_RECIPE, "extra_options": {"MatMulConstBOnly": False}}
+
+
+def build_and_export(arch: str, layers: int, root: Path, graph: str = "window",
+                     int8_attention: bool = False) -> tuple[Path, Path]:
     """The seeded large-width checkpoint of ``arch`` with ``layers`` layers and its fp32 + INT8 export (cached):
     ``graph`` ``"hf"`` as ``transformers`` writes the attention, ``"window"`` with the position window of
     :mod:`fastnli.exporter.attention` (the default for v2/v3), ``"shift"`` with DeBERTa v1's relative shift (the
-    default for v1 where it applies; elsewhere the window)."""
+    default for v1 where it applies; elsewhere the window). ``int8_attention``: the INT8 graph quantizes the
+    attention products too (:data:`INT8_ATTENTION_RECIPE`)."""
     from fastnli.engine import read_manifest
     from fastnli.exporter import export
     from fastnli.exporter.checkpoint import build_checkpoint
@@ -110,28 +121,32 @@ def build_and_export(arch: str, layers: int, root: Path, graph: str = "window") 
     ck = root / f"{arch}-large-{layers}l"
     if not (ck / "config.json").is_file():
         build_checkpoint(ck, arch=arch, size="large", seed=0, num_layers=layers)  # type: ignore[arg-type]
-    art = root / f"{arch}-large-{layers}l-{graph}"
+    art = root / f"{arch}-large-{layers}l-{graph}{'-int8attention' if int8_attention else ''}"
     try:
         read_manifest(art)
     except (FileNotFoundError, ValueError):
         shift, window = GRAPHS[graph]
-        export(ck, art, precisions=("fp32", "int8"), validate=False, relative_shift=shift, position_window=window)
+        export(ck, art, precisions=("fp32", "int8"), validate=False, relative_shift=shift, position_window=window,
+               int8_recipe=INT8_ATTENTION_RECIPE if int8_attention else None)
     return ck, art
 
 
 def end_to_end(graphs: dict[str, Path], precision: str, runs: int) -> dict[str, Any]:
     """Seconds of ``NLIEngine.predict`` per graph (the artifact directories of ``graphs``, by label) on the short and
     long NCP workloads, the graphs alternating within each run; best of ``runs``. The first graph is the reference of
-    the ratios and of the largest probability difference."""
+    the ratios and of the largest probability difference; ``fp32_agreement`` is each graph's share of pairs with the
+    first graph's fp32 argmax (1.0 for fp32 graphs of the same function)."""
     from bench.workloads import long_workload, ncp_pairs, short_workload
     from fastnli.engine import NLIEngine
 
     engines = {label: NLIEngine(art, device="cpu", precision=precision)  # type: ignore[arg-type]
                for label, art in graphs.items()}
     first = next(iter(engines))
+    reference = NLIEngine(graphs[first], device="cpu", precision="fp32")
     out: dict[str, Any] = {}
     for workload in (short_workload(), long_workload()):
         pairs = ncp_pairs(workload)
+        labels = reference.predict(pairs).argmax(axis=1)
         best = {label: float("inf") for label in engines}
         probs: dict[str, np.ndarray] = {}
         for _ in range(runs):
@@ -140,7 +155,9 @@ def end_to_end(graphs: dict[str, Path], precision: str, runs: int) -> dict[str, 
                 probs[label] = engine.predict(pairs)
                 best[label] = min(best[label], time.perf_counter() - t0)
         out[workload.name] = {label: {"seconds": round(best[label], 3), "ratio": round(best[label] / best[first], 3),
-                                      "max_abs_dprob": float(np.abs(probs[label] - probs[first]).max())}
+                                      "max_abs_dprob": float(np.abs(probs[label] - probs[first]).max()),
+                                      "fp32_agreement": round(float((probs[label].argmax(axis=1) == labels).mean()),
+                                                              4)}
                               for label in engines}
     return out
 
@@ -162,6 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="comma-separated graphs to profile alternately in one run: hf (the attention as transformers "
                    "writes it), window (the position window: the v2/v3 default), shift (v1's relative shift: the v1 "
                    "default); default all three (shift: v1 only)")
+    p.add_argument("--int8-attention", action="store_true",
+                   help="also export each graph with the attention products quantized (INT8 only) and compare")
     p.add_argument("--json", default=None, help="write the figures here")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -173,17 +192,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--graphs: unknown {', '.join(unknown)}; choose from {', '.join(GRAPHS)}")
     for arch in [a.strip() for a in args.arch.split(",") if a.strip()]:
         graphs: dict[str, tuple[Path, Any]] = {}
+        quantized = [False, True] if args.int8_attention and args.precision == "int8" and not args.artifact \
+            else [False]
         for variant in variants if not args.artifact else ["window"]:
             if variant == "shift" and arch != "deberta":
                 continue
-            if args.artifact:
-                art = Path(args.artifact)
-            else:
-                _, art = build_and_export(arch, args.layers, cache_root() / "bench" / "attention_profile", variant)
-            m = read_manifest(art)
-            recipe = str(m.precisions["fp32"].recipe.get("attention", "as HF writes it"))
-            label = f"{arch} ({recipe.removesuffix(' (fastnli.exporter.attention)')})"
-            graphs[label] = (art / m.precisions[args.precision].file, m)
+            for int8_attention in quantized:
+                if args.artifact:
+                    art = Path(args.artifact)
+                else:
+                    _, art = build_and_export(arch, args.layers, cache_root() / "bench" / "attention_profile",
+                                              variant, int8_attention)
+                m = read_manifest(art)
+                recipe = str(m.precisions["fp32"].recipe.get("attention", "as HF writes it"))
+                label = f"{arch} ({recipe.removesuffix(' (fastnli.exporter.attention)')})"
+                label += ", int8 attention" if int8_attention else ""
+                graphs[label] = (art / m.precisions[args.precision].file, m)
         vocab = 2000  # the seeded tokenizers' ids stay below this; the shares do not depend on the ids
         for shape, (rows, length) in SHAPES.items():
             for label, (graph, m) in graphs.items():  # variants alternate within a shape: the same machine load
@@ -203,12 +227,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             figures = end_to_end(artifacts, args.precision, args.runs)
             results[f"{arch}/end to end"] = figures
             table = Table(title=f"{arch} {args.precision}, the engine end to end (NCP pairs, best of {args.runs})")
-            for column in ("workload", "graph", "seconds", "time ratio", "max |Δp|"):
+            for column in ("workload", "graph", "seconds", "time ratio", "max |Δp|", "argmax = fp32"):
                 table.add_column(column, justify="left" if column in ("workload", "graph") else "right")
             for workload, rows in figures.items():
                 for label, row in rows.items():
                     table.add_row(workload, label, f"{row['seconds']:.2f}", f"{row['ratio']:.3f}",
-                                  f"{row['max_abs_dprob']:.1e}")
+                                  f"{row['max_abs_dprob']:.1e}", f"{row['fp32_agreement']:.1%}")
             console.print(table)
         if args.artifact:
             break

@@ -45,6 +45,23 @@ def test_flop_count_of_deberta_large() -> None:
     assert deberta_flops(cfg, 128) > 128 * deberta_flops(cfg, 1) * 0.9
 
 
+def test_int8_attention_recipe_quantizes_every_attention_product(art_v1: Path, tmp_path: Path) -> None:
+    import onnx
+
+    from bench.attention_profile import INT8_ATTENTION_RECIPE
+    from fastnli.exporter.precision import to_int8
+
+    fp32 = art_v1 / read_manifest(art_v1).precisions["fp32"].file
+    ops = {}
+    for name, recipe in (("default", None), ("attention", INT8_ATTENTION_RECIPE)):
+        to_int8(fp32, tmp_path / f"{name}.onnx", recipe)
+        ops[name] = [n.op_type for n in onnx.load(str(tmp_path / f"{name}.onnx")).graph.node]
+    fp32_products = ops["default"].count("MatMul")
+    assert fp32_products == 2 * 4  # per layer of the tiny v1 checkpoint: QK^T, c2p, p2c and attention x V
+    assert ops["attention"].count("MatMul") == 0
+    assert ops["attention"].count("MatMulInteger") == ops["default"].count("MatMulInteger") + fp32_products
+
+
 @pytest.mark.uqlm
 def test_bench_quick_writes_table_json_and_plots(ckpt_v1: Path, art_v1: Path, tmp_path: Path) -> None:
     from bench.__main__ import main
