@@ -112,6 +112,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     ray.add_argument("--gpus-per-actor", type=float, default=0.0,
                      help="GPUs per actor (default 0: CPU actors; > 0: CUDA with the FP16 graph)")
     ray.add_argument("--batch-rows", type=int, default=256, help="rows per engine pass (default 256)")
+    ray.add_argument("--id-column", default=None, metavar="NAME",
+                     help="a column that names each row in error messages, e.g. id (default none: a bad row is named "
+                     "by its place in its batch and its response)")
 
 
 def _parse_actors(text: str) -> int | tuple[int, int]:
@@ -137,7 +140,7 @@ def _run_ray(args: argparse.Namespace, output: str, scorers: tuple[str, ...]) ->
                        num_gpus_per_actor=args.gpus_per_actor, precision=args.precision, batch_rows=args.batch_rows,
                        batch_policy=policy, question_aware=SWITCH[args.question_aware],
                        align_units=SWITCH[args.align_units],
-                       on_invalid="keep" if args.on_invalid == "keep" else "raise")
+                       on_invalid="keep" if args.on_invalid == "keep" else "raise", id_column=args.id_column)
     try:
         n = write_scores(ds, output)
     except Exception as exc:

@@ -301,6 +301,22 @@ def write_scores(ds: Any, output: str | Path, format: FormatArg = "auto") -> int
     try:
         n = (_write_jsonl if kind == "jsonl" else _write_parquet)(ds, tmp)
         tmp.replace(out)
+    except BaseException:
+        _release_failed_run()
+        raise
     finally:
         tmp.unlink(missing_ok=True)
     return n
+
+
+def _release_failed_run() -> None:
+    """Free the actors of a Ray Data run that failed, before the driver starts another.
+
+    When the first output of a run fails (a bad row in the first batch to finish), Ray Data (2.60) raises before it
+    hands the run's executor to the code that shuts it down; the executor is left to garbage collection, and until
+    then its actors keep their CPUs, so the driver's next run can wait for them forever. Collecting now shuts it down
+    (its ``__del__``) and frees them.
+    """
+    import gc
+
+    gc.collect()
