@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 _ONES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
@@ -21,8 +22,14 @@ _WORD_VALUES: dict[str, int] = {**{w: i for i, w in enumerate(_ONES)},
                                 **{t: 20 + 10 * i for i, t in enumerate(_TENS)}}
 
 
-def _words(words: tuple[str, ...] | list[str]) -> str:
-    return "(?:" + "|".join(sorted(words, key=len, reverse=True)) + r")\b"
+def alternation(forms: Sequence[str]) -> str:
+    """A regular-expression alternation of literal ``forms`` (no group), longest first so that the longest form
+    wins; a space in a form matches any run of whitespace."""
+    return "|".join(re.escape(f).replace(r"\ ", r"\s+") for f in sorted(forms, key=len, reverse=True))
+
+
+def _words(words: Sequence[str]) -> str:
+    return rf"(?:{alternation(words)})\b"
 
 
 _BELOW_100 = rf"(?:{_words(_TENS)}(?:[-\s]{_words(_ONES[1:10])})?|{_words(_ONES)})"

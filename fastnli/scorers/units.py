@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fastnli.scorers.numbers import NUMBER_DIGITS, NUMBER_WORDS, align_numbers, word_value
+from fastnli.scorers.numbers import NUMBER_DIGITS, NUMBER_WORDS, align_numbers, alternation, word_value
 
 #: the relative tolerance of "the same quantity" on top of the stated precision (1 mile = 1.6 km, 1 inch = 2.5 cm)
 RELATIVE_SLACK = 0.01
@@ -123,15 +123,11 @@ _SYMBOLS = {form: unit for unit, _, symbols in _UNIT_FORMS for form in symbols}
 _NUMBER = rf"(?<![\w.,$£€])({NUMBER_DIGITS}|{NUMBER_WORDS}\b)"
 
 
-def _alternation(forms: list[str]) -> str:
-    return "|".join(re.escape(f).replace(r"\ ", r"\s+") for f in sorted(forms, key=len, reverse=True))
-
-
 # a number, optional space (or "-" as in "5-kilometre"), a unit form that ends at a word boundary; a one-letter
 # symbol only after a space ("5g" is rather a network, "4h" a club)
-_QUANTITY = re.compile(_NUMBER + r"(?:\s*|-)(?:(?i:(" + _alternation(list(_WORDS)) + r"))|("
-                       + _alternation([f for f in _SYMBOLS if len(f) > 1]) + r")|(?<=\s)("
-                       + _alternation([f for f in _SYMBOLS if len(f) == 1]) + r"))(?![\w²³])")
+_QUANTITY = re.compile(_NUMBER + r"(?:\s*|-)(?:(?i:(" + alternation(list(_WORDS)) + r"))|("
+                       + alternation([f for f in _SYMBOLS if len(f) > 1]) + r")|(?<=\s)("
+                       + alternation([f for f in _SYMBOLS if len(f) == 1]) + r"))(?![\w²³])")
 # what may join the parts of one compound quantity ("5 feet 11 inches", "2 hours and 30 minutes")
 _JOINER = re.compile(r"\s*(?:,|and|,\s*and)?\s*", re.I)
 # the start of a range that ends at a quantity, its number without a unit: "5-", "5 to ", "between 5 and ", "5–"
