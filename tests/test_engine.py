@@ -100,14 +100,15 @@ def test_int8_agrees_with_fp32_on_argmax(art_v1: Path) -> None:
     assert np.mean(fp32.argmax(1) == int8.argmax(1)) >= INT8_MIN_PROBE_AGREEMENT
 
 
-def _export_int8_recipe(ckpt: Path, out: Path, name: str) -> tuple[dict[str, Any], list[str], int]:
-    """Export ``ckpt`` (fp32 + INT8 with the named recipe) to ``out``; returns the INT8 recipe as recorded in the
-    manifest, the INT8 graph's op types and the checkpoint's layer count."""
+def _export_int8_recipe(ckpt: Path, out: Path, name: str,
+                        update: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str], int]:
+    """Export ``ckpt`` (fp32 + INT8 with the named recipe, ``update`` applied) to ``out``; returns the INT8 recipe as
+    recorded in the manifest, the INT8 graph's op types and the checkpoint's layer count."""
     import onnx
 
     from fastnli.exporter.precision import INT8_RECIPES
 
-    m = export(ckpt, out, precisions=("fp32", "int8"), int8_recipe=INT8_RECIPES[name])
+    m = export(ckpt, out, precisions=("fp32", "int8"), int8_recipe={**INT8_RECIPES[name], **(update or {})})
     ops = [n.op_type for n in onnx.load(str(out / "model_int8.onnx")).graph.node]
     layers = json.loads((ckpt / "config.json").read_text())["num_hidden_layers"]
     return m.precisions["int8"].recipe, ops, layers
@@ -159,32 +160,40 @@ def test_blockwise_int8_recipe_is_batch_invariant(ck: str, request: pytest.Fixtu
 @pytest.mark.parametrize("art, split", [("art_v1", False), ("art_v2", False), ("art_v1", True), ("art_v2", True),
                                         ("art_bert", True)])
 def test_outlier_split_keeps_the_fp32_function(art: str, split: bool, request: pytest.FixtureRequest) -> None:
-    """The side branches (or the channel copies) only regroup the FFN's sums: the rewritten fp32 graph computes the
-    same logits."""
+    """The side branches (or the channel copies) only regroup the sums of the FFN and of the attention's input
+    projections: the rewritten fp32 graph computes the same logits."""
     import onnx
     import onnxruntime as ort
 
     from fastnli.engine.tokenize import PairTokenizer
     from fastnli.exporter.export import calibration_feeds
-    from fastnli.exporter.outliers import BRANCH_TAG, split_outliers
+    from fastnli.exporter.outliers import ATTENTION_IN, BRANCH_TAG, SPLIT_CONCAT, split_outliers
 
     path = request.getfixturevalue(art)
     m = read_manifest(path)
     feeds = calibration_feeds(PairTokenizer(path / "tokenizer.json"), probe_pairs(), m.inputs, m.pad_token_id)
     model = onnx.load(str(path / "model_fp32.onnx"))
     layers = sum(1 for n in model.graph.node if n.op_type == "MatMul" and "intermediate/dense" in n.name)
-    record = split_outliers(model, {"ffn_neurons": 3, "input_channels": 2, "channel_split": split}, feeds)
+    projections = sum(1 for n in model.graph.node if n.op_type == "MatMul" and ATTENTION_IN.search(n.name))
+    record = split_outliers(model, {"ffn_neurons": 3, "input_channels": 2, "channel_split": split,
+                                    "attention_channels": 2}, feeds)
     onnx.checker.check_model(model)
     assert len(record["layers"]) == layers >= 2
-    assert all(len(e["neurons"]) == 3 and len(e["channels"]) == 2 for e in record["layers"].values())
-    assert all(("channel_copies" in e) == split for e in record["layers"].values())
+    assert all(len(e["neurons"]) == 3 and len(e["channels"]) == 2 == len(e["attention_channels"])
+               for e in record["layers"].values())
+    assert all(("channel_copies" in e) == ("attention_channel_copies" in e) == split for e in record["layers"].values())
+    widened = {n.input[0] for n in model.graph.node if ATTENTION_IN.search(n.name)}
+    assert widened == {f"/layer.{i}{BRANCH_TAG}attention/{SPLIT_CONCAT if split else 'Mul_mask'}"
+                       for i in range(layers)}
     if split:  # more channels than the hidden size: nothing is left to size the copies by
         with pytest.raises(ValueError, match=re.escape(f"outlier split: input_channels={10_000} leaves layer 0 no "
                                                        "other channel with a range to fit the copies into; give "
                                                        "fewer input_channels")):
             split_outliers(onnx.load(str(path / "model_fp32.onnx")),
                            {"ffn_neurons": 0, "input_channels": 10_000, "channel_split": True}, feeds)
-    assert sum(BRANCH_TAG in n.name and n.op_type == "MatMul" for n in model.graph.node) == 3 * layers
+    # per layer: the neurons' two projections, and the channels' spread (split) or one branch per reader
+    branches = 3 * layers + (layers if split else projections)
+    assert sum(BRANCH_TAG in n.name and n.op_type == "MatMul" for n in model.graph.node) == branches
     before = ort.InferenceSession(str(path / "model_fp32.onnx"), providers=["CPUExecutionProvider"])
     after = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     for feed in feeds:
@@ -207,11 +216,16 @@ def test_outlier_split_recipe_keeps_its_branches_fp32(ckpt_v2: Path, workdir: Pa
     _assert_int8_agrees_on_probe_set(out)
 
 
-@pytest.mark.parametrize("ck", ["ckpt_v1", "ckpt_v2", "ckpt_bert"])
-def test_static_int8_recipe_is_batch_invariant(ck: str, request: pytest.FixtureRequest, workdir: Path) -> None:
+@pytest.mark.parametrize("ck, ffn_split_only", [("ckpt_v1", False), ("ckpt_v2", False), ("ckpt_bert", False),
+                                                ("ckpt_bert", True)])
+def test_static_int8_recipe_is_batch_invariant(ck: str, ffn_split_only: bool, request: pytest.FixtureRequest,
+                                               workdir: Path) -> None:
     """Activation ranges fixed at export: a pair scores the same whatever its batch-mates and padded length."""
-    out = workdir / f"art_{ck}_static"
-    recipe, ops, layers = _export_int8_recipe(request.getfixturevalue(ck), out, "static")
+    from fastnli.exporter.precision import STATIC_OUTLIERS
+
+    out = workdir / f"art_{ck}_static{'_ffn_split' if ffn_split_only else ''}"
+    update = {"outliers": {**STATIC_OUTLIERS, "attention_channels": 0}} if ffn_split_only else None
+    recipe, ops, layers = _export_int8_recipe(request.getfixturevalue(ck), out, "static", update)
     static = recipe["static"]
     assert static["quantized_matmuls"] >= 4 * layers and static["percentile"] == 99.999
     assert "DynamicQuantizeLinear" not in ops and "QuantizeLinear" in ops  # no range measured at run time
@@ -224,18 +238,22 @@ def test_static_int8_recipe_is_batch_invariant(ck: str, request: pytest.FixtureR
     graph = onnx.load(str(out / "model_int8.onnx")).graph
     weights = {i.name for i in graph.initializer}
     assert all(n.input[0] in weights for n in graph.node if n.op_type == "DequantizeLinear")
-    assert static["float_readers_unrounded"] >= layers - 1 and static["dithered_splits"] == layers
+    if ffn_split_only:  # the LayerNorm outputs the attention reads are quantized; the residual stream reads them too
+        assert static["float_readers_unrounded"] >= layers - 1 and static["dithered_splits"] == layers
+    else:  # both splits: every quantized input is a widened copy, read by its projections alone
+        assert static["float_readers_unrounded"] == 0 and static["dithered_splits"] == 2 * layers
     assert not list(out.glob("*.static-src")) and not list(out.glob("*.ranges.json"))  # staged files are gone
     _assert_batch_invariant_int8(out)
 
 
 def test_static_split_copies_round_to_the_channel(ckpt_v1: Path, workdir: Path) -> None:
-    """The dithered copies of a split channel, each rounded to the FFN input's int8 scale, sum to the channel rounded
-    once (so the split loses nothing to rounding; plain copies would add up m rounding errors)."""
+    """The dithered copies of a split channel, each rounded to the int8 scale of the FFN's (or the attention's)
+    input, sum to the channel rounded once (so the split loses nothing to rounding; plain copies would add up m
+    rounding errors)."""
     import onnx
     from onnx import numpy_helper
 
-    from fastnli.exporter.outliers import BRANCH_TAG, SPLIT_CONCAT, SPLIT_DITHER
+    from fastnli.exporter.outliers import ATTENTION_TAG, BRANCH_TAG, SPLIT_CONCAT, SPLIT_DITHER
 
     out = workdir / "art_ckpt_v1_static"
     if not (out / "manifest.json").is_file():  # else written by test_static_int8_recipe_is_batch_invariant
@@ -247,18 +265,19 @@ def test_static_split_copies_round_to_the_channel(ckpt_v1: Path, workdir: Path) 
     x = np.random.default_rng(0).uniform(-40.0, 40.0, 20_000)
     checked = 0
     for i, entry in record["layers"].items():
-        tag = f"/layer.{i}{BRANCH_TAG}"
-        s, dither = float(scale_of[tag + SPLIT_CONCAT]), inits[tag + SPLIT_DITHER]
-        start = 0
-        for m in entry["channel_copies"]:
-            d = dither[start:start + m].astype(np.float64)
-            start += m
-            assert abs(d.sum()) <= 1e-6 * s and np.all(np.abs(d) < s / 2)
-            copies = np.rint((x[:, None] / m + d[None, :]) / s).sum(1)
-            assert np.mean(copies == np.rint(x / s)) >= 0.999  # ties and float rounding aside
-            checked += 1
-        assert start == dither.size
-    assert checked >= 2
+        for sub, prefix in (("", ""), (ATTENTION_TAG, "attention_")):
+            tag = f"/layer.{i}{BRANCH_TAG}{sub}"
+            s, dither = float(scale_of[tag + SPLIT_CONCAT]), inits[tag + SPLIT_DITHER]
+            start = 0
+            for m in entry[prefix + "channel_copies"]:
+                d = dither[start:start + m].astype(np.float64)
+                start += m
+                assert abs(d.sum()) <= 1e-6 * s and np.all(np.abs(d) < s / 2)
+                copies = np.rint((x[:, None] / m + d[None, :]) / s).sum(1)
+                assert np.mean(copies == np.rint(x / s)) >= 0.999  # ties and float rounding aside
+                checked += 1
+            assert start == dither.size
+    assert checked >= 4
 
 
 def test_static_recipe_keeps_the_named_matmuls_fp32(art_bert: Path, tmp_path: Path) -> None:

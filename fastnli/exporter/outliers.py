@@ -12,9 +12,12 @@ gets a handful of levels. Both outlier kinds are moved to small fp32 side branch
 - ``input_channels`` (c): the c channels of the FFN input (a LayerNorm output, also the residual stream, so it
   cannot be rescaled in place) with the largest magnitude are zeroed before the INT8 input projection and added
   back by a c-row fp32 MatMul.
-- ``channel_split`` (static ranges only): instead of that fp32 branch, each of the c channels is split into ``m``
-  copies of ``x / m`` appended to the FFN input (``m`` chosen so that a copy fits the range of the other channels),
-  and the weight row is repeated ``m`` times; the INT8 projection then sees no outlier. With the dither of
+- ``attention_channels`` (a, default 0): the same for the input of a layer's query, key and value projections (the
+  previous layer's output LayerNorm: the residual stream, with the same outlier channels), taken out once for the
+  three projections that read it.
+- ``channel_split`` (static ranges only): instead of that fp32 branch, each of the c (or a) channels is split into
+  ``m`` copies of ``x / m`` appended to the input (``m`` chosen so that a copy fits the range of the other channels),
+  and the weight row is repeated ``m`` times; the INT8 projections then see no outlier. With the dither of
   :func:`set_split_dither` the copies lose nothing to rounding. This runs in the INT8 GEMM (a few more rows of the
   reduction) and saves the fp32 branch's full-width add, which cost about 8% of the static graph's time.
 
@@ -34,6 +37,11 @@ import numpy as np
 FFN_IN = re.compile(r"/layer\.(\d+)/intermediate/dense/MatMul$")
 FFN_OUT = re.compile(r"/layer\.(\d+)/output/dense/MatMul$")
 
+#: Name pattern of the query, key and value projections of a layer's attention (BERT; DeBERTa v1's ``in_proj``,
+#: v2/v3's ``*_proj``); group 1 is the layer index. They read one input: the previous layer's output LayerNorm.
+ATTENTION_IN = re.compile(r"/layer\.(\d+)/attention/self/(?:query|key|value|in_proj|query_proj|key_proj|value_proj)"
+                          r"/MatMul$")
+
 #: Names of the side-branch MatMuls, which must stay fp32 (``to_int8`` excludes them from quantization).
 BRANCH_TAG = "/fastnli_outliers/"
 
@@ -42,6 +50,8 @@ BRANCH_TAG = "/fastnli_outliers/"
 SPLIT_MARGIN = 0.9
 #: Names (after a layer's tag) of the split's widened FFN input and of its dither constant.
 SPLIT_CONCAT = "Concat_split"
+#: The part of a layer's tag that names its attention-input split (after ``BRANCH_TAG``).
+ATTENTION_TAG = "attention/"
 SPLIT_DITHER = "split_dither"
 
 
@@ -150,20 +160,72 @@ def _activation_nodes(g: _Graph, ffn_in: Any, ffn_out: Any) -> list[Any]:
     return [n for n in g.g.node if n.name in seen]
 
 
+def _move_channels(g: _Graph, readers: list[Any], x: np.ndarray, c: int, split: bool, tag: str, layer: int,
+                   option: str) -> dict[str, Any]:
+    """Take the ``c`` channels of largest magnitude out of the input that the MatMuls ``readers`` share (its
+    per-channel ranges ``x``): as ``m`` split copies each (``split``) or into one fp32 side branch per reader.
+    Returns the record's ``channels``, ``channel_copies`` (split) and ``input_range_ratio``."""
+    channels = np.sort(np.argsort(-x, kind="stable")[:c])
+    mask = np.ones(x.shape, dtype=np.float32)
+    mask[channels] = 0.0
+    src = readers[0].input[0]
+    picked = g.node("Gather", [src, g.put(tag + "channel_idx", channels.astype(np.int64))], tag + "Gather_channels",
+                    axis=-1)
+    moved: dict[str, Any] = {"channels": channels.tolist()}
+    if split:
+        # every outlier channel becomes m copies of x/m, so that each fits the range of the other channels
+        rest = float((x * mask).max())
+        if rest <= 0.0:
+            raise ValueError(f"outlier split: {option}={c} leaves layer {layer} no other channel with a range to "
+                             f"fit the copies into; give fewer {option}")
+        copies = np.maximum(np.ceil(x[channels] / (SPLIT_MARGIN * rest)), 1).astype(np.int64)
+        reps = np.repeat(channels, copies)
+        # gather the c channels, then a (c, copies) matrix of 1/m entries makes the scaled copies
+        spread = np.zeros((c, reps.size), np.float32)
+        spread[np.repeat(np.arange(c), copies), np.arange(reps.size)] = np.repeat(1.0 / copies, copies)
+        spread_out = g.node("MatMul", [picked, g.put(tag + "channel_spread", spread)], tag + "MatMul_spread")
+        dithered = g.node("Add", [spread_out, g.put(tag + SPLIT_DITHER, np.zeros(reps.size, np.float32))],
+                          tag + "Add_dither")
+        # the channels stay in place, unmasked: their weight rows are zero, so the clipping of the fixed range (set
+        # without them, see clipped_channels) costs nothing
+        widened = g.node("Concat", [src, dithered], tag + SPLIT_CONCAT, axis=-1)
+        for j, reader in enumerate(readers):
+            w = g.array(reader.input[1])
+            assert w is not None
+            reader.input[0] = widened
+            reader.input[1] = g.put(f"{tag}w_{j}/split", np.concatenate([w * mask[:, None], w[reps]]))
+        moved["channel_copies"] = copies.tolist()
+    else:
+        masked = g.node("Mul", [src, g.put(tag + "channel_mask", mask)], tag + "Mul_mask")
+        for j, reader in enumerate(readers):
+            w = g.array(reader.input[1])
+            assert w is not None
+            reader.input[0] = masked
+            side = g.node("MatMul", [picked, g.put(f"{tag}w_{j}/channels", w[channels])], f"{tag}MatMul_channels_{j}")
+            reader.input[1] = g.put(f"{tag}w_{j}/masked", w * mask[:, None])
+            g.add_after_bias(reader, side, f"{tag}Add_channels_{j}")
+    moved["input_range_ratio"] = [round(float(x.max() / np.median(x)), 2),
+                                  round(float((x * mask).max() / np.median(x)), 2)]
+    return moved
+
+
 def split_outliers(model: Any, spec: dict[str, Any], feeds: list[dict[str, np.ndarray]],
                    fp32: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Rewrite ``model`` (an ``onnx.ModelProto``, in place) as described in the module docstring.
 
     Args:
         model: the fp32 graph.
-        spec: ``{"ffn_neurons": k, "input_channels": c}`` (either may be 0), optionally ``"channel_split": True``.
+        spec: ``{"ffn_neurons": k, "input_channels": c}`` (either may be 0), optionally ``"attention_channels": a``
+            (default 0) and ``"channel_split": True``.
         feeds: calibration batches (the graph's input dicts) the outliers are measured on.
         fp32: names of MatMuls that stay fp32: an FFN projection named here keeps its outliers (neurons for the
-            output projection, channels for the input projection).
+            output projection, channels for the input projection), and a layer with an attention input projection
+            named here keeps its attention input's channels.
 
     Returns:
         A record for the manifest: per layer the neurons and channels moved (with a split, the copies of each
-        channel) and the input range ratios (largest channel / median channel) of the INT8 MatMuls before and after.
+        channel; ``attention_``-prefixed keys for the attention input) and the input range ratios (largest channel /
+        median channel) of the INT8 MatMuls before and after.
 
     Raises:
         ValueError: when the graph has no feed-forward blocks by the BERT/DeBERTa export names, or ``feeds`` is
@@ -173,19 +235,32 @@ def split_outliers(model: Any, spec: dict[str, Any], feeds: list[dict[str, np.nd
     split = bool(spec.get("channel_split", False))
     g = _Graph(model)
     layers: dict[int, dict[str, Any]] = {}
+    attention: dict[int, list[Any]] = {}
     for n in g.g.node:
+        if n.op_type != "MatMul" or n.input[1] not in g.inits:
+            continue
         for key, pattern in (("in", FFN_IN), ("out", FFN_OUT)):
             m = pattern.search(n.name)
-            if n.op_type == "MatMul" and m and n.input[1] in g.inits:
+            if m:
                 layers.setdefault(int(m.group(1)), {})[key] = n
+        m = ATTENTION_IN.search(n.name)
+        if m:
+            attention.setdefault(int(m.group(1)), []).append(n)
     layers = {i: L for i, L in layers.items() if len(L) == 2}
     if not layers:
         raise ValueError("outlier split: no feed-forward MatMuls named like BERT/DeBERTa exports "
                          f"({FFN_IN.pattern}, {FFN_OUT.pattern})")
-    tensors = sorted({L["out"].input[0] for L in layers.values()} | {L["in"].input[0] for L in layers.values()})
+    a = int(spec.get("attention_channels", 0))
+    # a layer's projections are split together when they share one input and none stays fp32
+    attention = {i: r for i, r in attention.items()
+                 if a and len({n.input[0] for n in r}) == 1 and not any(n.name in fp32 for n in r)}
+    tensors = sorted({L["out"].input[0] for L in layers.values()} | {L["in"].input[0] for L in layers.values()}
+                     | {r[0].input[0] for r in attention.values()})
     ranges = _max_abs(model, tensors, feeds)
     record: dict[str, Any] = {"ffn_neurons": k, "input_channels": c, "channel_split": split,
                               "calibration_batches": len(feeds), "layers": {}}
+    if a:
+        record["attention_channels"] = a
     for i, L in sorted(layers.items()):
         ffn_in, ffn_out = L["in"], L["out"]
         k = 0 if ffn_out.name in fp32 else int(spec.get("ffn_neurons", 0))
@@ -197,9 +272,8 @@ def split_outliers(model: Any, spec: dict[str, Any], feeds: list[dict[str, np.nd
         act, x = ranges[ffn_out.input[0]], ranges[ffn_in.input[0]]
         neurons = np.sort(np.argsort(-act, kind="stable")[:k])
         keep = np.setdiff1d(np.arange(width), neurons)
-        channels = np.sort(np.argsort(-x, kind="stable")[:c])
         entry: dict[str, Any] = {
-            "neurons": neurons.tolist(), "channels": channels.tolist(),
+            "neurons": neurons.tolist(), "channels": [],
             "ffn_out_input_range_ratio": [round(float(act.max() / np.median(act)), 2),
                                           round(float(act[keep].max() / np.median(act)), 2)],
         }
@@ -233,37 +307,13 @@ def split_outliers(model: Any, spec: dict[str, Any], feeds: list[dict[str, np.nd
             g.add_after_bias(ffn_out, side, tag + "Add_out")
             w1 = w1[:, keep]
         if c:
-            mask = np.ones(x.shape, dtype=np.float32)
-            mask[channels] = 0.0
-            src = ffn_in.input[0]
-            picked = g.node("Gather", [src, g.put(tag + "channel_idx", channels.astype(np.int64))],
-                            tag + "Gather_channels", axis=-1)
-            if split:
-                # every outlier channel becomes m copies of x/m, so that each fits the range of the other channels
-                rest = float((x * mask).max())
-                if rest <= 0.0:
-                    raise ValueError(f"outlier split: input_channels={c} leaves layer {i} no other channel with a "
-                                     "range to fit the copies into; give fewer input_channels")
-                copies = np.maximum(np.ceil(x[channels] / (SPLIT_MARGIN * rest)), 1).astype(np.int64)
-                reps = np.repeat(channels, copies)
-                # gather the c channels, then a (c, copies) matrix of 1/m entries makes the scaled copies
-                spread = np.zeros((c, reps.size), np.float32)
-                spread[np.repeat(np.arange(c), copies), np.arange(reps.size)] = np.repeat(1.0 / copies, copies)
-                spread_out = g.node("MatMul", [picked, g.put(tag + "channel_spread", spread)], tag + "MatMul_spread")
-                dithered = g.node("Add", [spread_out, g.put(tag + SPLIT_DITHER, np.zeros(reps.size, np.float32))],
-                                  tag + "Add_dither")
-                # the channels stay in place, unmasked: their weight rows are zero, so the clipping of the fixed
-                # range (set without them, see clipped_channels) costs nothing
-                ffn_in.input[0] = g.node("Concat", [src, dithered], tag + SPLIT_CONCAT, axis=-1)
-                ffn_in.input[1] = g.put(tag + "w_in/split", np.concatenate([w1 * mask[:, None], w1[reps]]))
-                entry["channel_copies"] = copies.tolist()
-            else:
-                ffn_in.input[0] = g.node("Mul", [src, g.put(tag + "channel_mask", mask)], tag + "Mul_mask")
-                side = g.node("MatMul", [picked, g.put(tag + "w_channels", w1[channels])], tag + "MatMul_channels")
-                ffn_in.input[1] = g.put(tag + "w_in/masked", w1 * mask[:, None])
-                g.add_after_bias(ffn_in, side, tag + "Add_channels")
-            entry["ffn_in_input_range_ratio"] = [round(float(x.max() / np.median(x)), 2),
-                                                 round(float((x * mask).max() / np.median(x)), 2)]
+            entry.update(_move_channels(g, [ffn_in], x, c, split, tag, i, "input_channels"))
+            entry["ffn_in_input_range_ratio"] = entry.pop("input_range_ratio")
+        readers = attention.get(i, [])
+        if a and readers:
+            moved = _move_channels(g, readers, ranges[readers[0].input[0]], a, split, tag + ATTENTION_TAG, i,
+                                   "attention_channels")
+            entry.update({f"attention_{k}": v for k, v in moved.items()})
         record["layers"][str(i)] = entry
     g.finish()
     return record
@@ -272,8 +322,12 @@ def split_outliers(model: Any, spec: dict[str, Any], feeds: list[dict[str, np.nd
 def clipped_channels(record: dict[str, Any]) -> dict[str, list[int]]:
     """Per widened FFN input of a channel split (``record``: what :func:`split_outliers` returned), the channels
     whose weight rows are zero: a fixed activation range must be measured without them."""
-    return {f"/layer.{i}{BRANCH_TAG}{SPLIT_CONCAT}": e["channels"]
-            for i, e in record.get("layers", {}).items() if "channel_copies" in e}
+    return {f"/layer.{i}{BRANCH_TAG}{sub}{SPLIT_CONCAT}": e[prefix + "channels"]
+            for i, e in record.get("layers", {}).items() for sub, prefix in _SPLITS if prefix + "channel_copies" in e}
+
+
+#: The splits of a layer: (part of the tag after ``BRANCH_TAG``, prefix of the record's keys).
+_SPLITS = (("", ""), (ATTENTION_TAG, "attention_"))
 
 
 def set_split_dither(model: Any, record: dict[str, Any]) -> int:
@@ -294,14 +348,17 @@ def set_split_dither(model: Any, record: dict[str, Any]) -> int:
     quantizer = {n.input[0]: n for n in model.graph.node if n.op_type == "QuantizeLinear"}
     done = 0
     for i, e in record.get("layers", {}).items():
-        if "channel_copies" not in e:
-            continue
-        tag = f"/layer.{i}{BRANCH_TAG}"
-        q = quantizer.get(tag + SPLIT_CONCAT)
-        if q is None or q.input[1] not in inits or tag + SPLIT_DITHER not in inits:
-            raise ValueError(f"channel split of layer {i}: {tag + SPLIT_CONCAT!r} is not quantized with a fixed scale")
-        scale = float(numpy_helper.to_array(inits[q.input[1]]))
-        offsets = np.concatenate([(2 * np.arange(m) + 1 - m) / (2 * m) for m in e["channel_copies"]]) * scale
-        inits[tag + SPLIT_DITHER].CopyFrom(numpy_helper.from_array(offsets.astype(np.float32), tag + SPLIT_DITHER))
-        done += 1
+        for sub, prefix in _SPLITS:
+            if prefix + "channel_copies" not in e:
+                continue
+            tag = f"/layer.{i}{BRANCH_TAG}{sub}"
+            q = quantizer.get(tag + SPLIT_CONCAT)
+            if q is None or q.input[1] not in inits or tag + SPLIT_DITHER not in inits:
+                raise ValueError(f"channel split of layer {i}: {tag + SPLIT_CONCAT!r} is not quantized with a fixed "
+                                 "scale")
+            scale = float(numpy_helper.to_array(inits[q.input[1]]))
+            copies = e[prefix + "channel_copies"]
+            offsets = np.concatenate([(2 * np.arange(m) + 1 - m) / (2 * m) for m in copies]) * scale
+            inits[tag + SPLIT_DITHER].CopyFrom(numpy_helper.from_array(offsets.astype(np.float32), tag + SPLIT_DITHER))
+            done += 1
     return done

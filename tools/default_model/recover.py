@@ -7,8 +7,9 @@ checkpoints are gone. The graph holds every weight: the products are int8 per ou
 ``(q - zero_point) * scale``), everything else is stored as it was (the embedding tables in fp16). The static INT8
 recipe's outlier rewrites (:mod:`fastnli.exporter.outliers`) are undone exactly: the feed-forward neurons moved to a
 fp32 branch come back as the last columns of the input projection and the last rows of the output projection (the
-neurons' order inside a layer does not change the function), and the FFN-input channels split into dithered copies
-are folded back (``W[c] += spread[c] @ W_copies``, the dither into the bias).
+neurons' order inside a layer does not change the function), and the input channels of the FFN and of the attention's
+query, key and value split into dithered copies are folded back (``W[c] += spread[c] @ W_copies``, the dither into the
+bias).
 
 The result is a ``BertForSequenceClassification`` directory (``config.json``, ``model.safetensors``, tokenizer files)
 for ``tools/default_model/train.py --base``. It differs from the fp32 weights the graph was made from by the
@@ -89,19 +90,25 @@ class Graph:
         return self.array(found[0])
 
 
+def unsplit(g: Graph, w: np.ndarray, b: np.ndarray, hidden: int, pre: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(W, bias)`` of a projection whose input channels were split into dithered copies (rows after the ``hidden``
+    ones, of the channels ``pre + "channel_idx"``), the copies folded back; unchanged without a split."""
+    if w.shape[0] <= hidden:
+        return w, b
+    copies = w[hidden:]
+    main = w[:hidden].copy()
+    idx = g.arrays[pre + "channel_idx"].astype(np.int64)
+    main[idx] += g.array(pre + "channel_spread") @ copies
+    return main, b + g.array(pre + "split_dither") @ copies
+
+
 def ffn_input(g: Graph, layer: int, hidden: int) -> tuple[np.ndarray, np.ndarray]:
     """The feed-forward input projection ``(W (hidden, intermediate), bias)`` of one layer, outliers folded back."""
     w, b = g.dequantized(f"/bert/encoder/layer.{layer}/intermediate/dense/MatMul")
     pre = f"/layer.{layer}/fastnli_outliers/"
     if not g.has(pre + "w_in"):
         return w, b
-    if w.shape[0] > hidden:  # split channels: rows after the hidden ones take dithered copies of channel_idx
-        copies = w[hidden:]
-        main = w[:hidden].copy()
-        idx = g.arrays[pre + "channel_idx"].astype(np.int64)
-        main[idx] += g.array(pre + "channel_spread") @ copies
-        b = b + g.array(pre + "split_dither") @ copies
-        w = main
+    w, b = unsplit(g, w, b, hidden, pre)
     bias_out = g.constant_input(f"{pre}bert_encoder_layer.{layer}_intermediate_dense_Add")
     return np.concatenate([w, g.array(pre + "w_in")], axis=1), np.concatenate([b, bias_out])
 
@@ -129,7 +136,7 @@ def state_dict(g: Graph, layers: int, hidden: int) -> dict[str, np.ndarray]:
         for part, module in PARTS.items():
             node = f"/bert/encoder/layer.{i}/attention/self/{part}/MatMul" if "/" not in part \
                 else f"/bert/encoder/layer.{i}/{part}/MatMul"
-            w, b = g.dequantized(node)
+            w, b = unsplit(g, *g.dequantized(node), hidden, f"/layer.{i}/fastnli_outliers/attention/")
             sd[pre + module + ".weight"], sd[pre + module + ".bias"] = w.T, b
         w, b = ffn_input(g, i, hidden)
         sd[pre + "intermediate.dense.weight"], sd[pre + "intermediate.dense.bias"] = w.T, b
