@@ -136,6 +136,28 @@ def test_cpu_run_measures_the_saturating_kernels_where_exact_int8_is_on(monkeypa
         assert 0.5 < sat["labels_equal_to_exact"] <= 1.0
 
 
+def test_the_ship_tools_default_recipe_is_the_shipped_models() -> None:
+    """The card's rebuild ends with ``ship`` and its default recipe: that recipe must be the one the shipped INT8
+    graph records (its options; the record adds what the export measured)."""
+    from fastnli.engine import read_manifest
+
+    def options_kept(spec: Any, record: Any, where: str) -> None:
+        if isinstance(spec, dict):
+            assert isinstance(record, dict), where
+            for key, value in spec.items():
+                assert key in record, f"{where}.{key}"
+                options_kept(value, record[key], f"{where}.{key}")
+        else:
+            assert spec == record, where
+
+    shipped = read_manifest(DEFAULT_MODEL_DIR).precisions["int8"].recipe
+    recipe = ship.RECIPES[ship.SHIPPED_RECIPE]
+    options_kept(recipe, shipped, "recipe")
+    split = {k for k in shipped["outliers"] if k not in ("layers", "calibration_batches")}
+    assert split == set(recipe["outliers"])  # no split option the recipe lacks (attention_channels)
+    assert ship.RECIPES["static-gptq-fp16-embeddings"]["outliers"]["attention_channels"] > 0
+
+
 def test_card_rebuilds_a_two_stage_model_with_runnable_commands(tmp_path: Path) -> None:
     """Stage 2 trained from stage 1's checkpoint: the card gives each stage's rows command (from build.json, only
     when its sha256 is the logged one) and a runnable training command with this rebuild's paths."""

@@ -48,11 +48,13 @@ BRANCH_TAG = "/fastnli_outliers/"
 #: Channel split: a copy may use this fraction of the other channels' largest magnitude (the rest is headroom for
 #: the dither and for calibration text that was not seen).
 SPLIT_MARGIN = 0.9
-#: Names (after a layer's tag) of the split's widened FFN input and of its dither constant.
+#: Names (after a split's tag) of the split's widened input and of its dither constant.
 SPLIT_CONCAT = "Concat_split"
-#: The part of a layer's tag that names its attention-input split (after ``BRANCH_TAG``).
-ATTENTION_TAG = "attention/"
 SPLIT_DITHER = "split_dither"
+#: The tag of a layer's attention-input split, after the layer's own (``/layer.N`` + ``BRANCH_TAG``).
+ATTENTION_TAG = "attention/"
+#: The splits of a layer: (part of the tag after ``BRANCH_TAG``, prefix of the record's keys).
+_SPLITS = (("", ""), (ATTENTION_TAG, "attention_"))
 
 
 def _max_abs(model: Any, tensors: list[str], feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -313,21 +315,17 @@ def split_outliers(model: Any, spec: dict[str, Any], feeds: list[dict[str, np.nd
         if a and readers:
             moved = _move_channels(g, readers, ranges[readers[0].input[0]], a, split, tag + ATTENTION_TAG, i,
                                    "attention_channels")
-            entry.update({f"attention_{k}": v for k, v in moved.items()})
+            entry.update({f"attention_{key}": value for key, value in moved.items()})
         record["layers"][str(i)] = entry
     g.finish()
     return record
 
 
 def clipped_channels(record: dict[str, Any]) -> dict[str, list[int]]:
-    """Per widened FFN input of a channel split (``record``: what :func:`split_outliers` returned), the channels
-    whose weight rows are zero: a fixed activation range must be measured without them."""
+    """Per widened input of a channel split (FFN or attention; ``record``: what :func:`split_outliers` returned),
+    the channels whose weight rows are zero: a fixed activation range must be measured without them."""
     return {f"/layer.{i}{BRANCH_TAG}{sub}{SPLIT_CONCAT}": e[prefix + "channels"]
             for i, e in record.get("layers", {}).items() for sub, prefix in _SPLITS if prefix + "channel_copies" in e}
-
-
-#: The splits of a layer: (part of the tag after ``BRANCH_TAG``, prefix of the record's keys).
-_SPLITS = (("", ""), (ATTENTION_TAG, "attention_"))
 
 
 def set_split_dither(model: Any, record: dict[str, Any]) -> int:

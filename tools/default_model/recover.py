@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from fastnli.engine.manifest import read_manifest
+from fastnli.exporter.outliers import ATTENTION_TAG, BRANCH_TAG
 
 logger = logging.getLogger("fastnli")
 REPO = Path(__file__).resolve().parents[2]
@@ -136,7 +137,7 @@ def state_dict(g: Graph, layers: int, hidden: int) -> dict[str, np.ndarray]:
         for part, module in PARTS.items():
             node = f"/bert/encoder/layer.{i}/attention/self/{part}/MatMul" if "/" not in part \
                 else f"/bert/encoder/layer.{i}/{part}/MatMul"
-            w, b = unsplit(g, *g.dequantized(node), hidden, f"/layer.{i}/fastnli_outliers/attention/")
+            w, b = unsplit(g, *g.dequantized(node), hidden, f"/layer.{i}{BRANCH_TAG}{ATTENTION_TAG}")
             sd[pre + module + ".weight"], sd[pre + module + ".bias"] = w.T, b
         w, b = ffn_input(g, i, hidden)
         sd[pre + "intermediate.dense.weight"], sd[pre + "intermediate.dense.bias"] = w.T, b

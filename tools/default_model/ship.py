@@ -44,12 +44,12 @@ LABELS = ["contradiction", "neutral", "entailment"]
 #: The INT8 recipes the ship tool offers (``--recipe``). Every one keeps the embedding tables in fp16: in fp32 the
 #: INT8 graph is ~58 MB, over the 50 MB budget for the repository and the wheel; 8-bit tables (``int8-embeddings``,
 #: 24 MB) lose more of the fp32 model's labels (98.06% agreement on snli/dev on a model of the same shape).
-#: ``static-fp16-embeddings``: the FFN's outlier channels split into dithered copies, every activation range fixed at
-#: export, biases folded into the int8 MatMuls and the residual stream left fp32, so a pair scores the same in any
-#: batch at 1.6x the speed of ``blockwise-fp16-embeddings`` (also batch-invariant; every weight MatMul 8-bit
-#: blockwise). ``static-gptq-fp16-embeddings`` is the same graph with the int8 weights chosen by GPTQ
-#: (:mod:`fastnli.exporter.weight_rounding`); it also splits the attention input's outlier channels and keeps 32 FFN
-#: neurons in fp32 (``STATIC_OUTLIERS``). ``static-gptq-ffn-split-fp16-embeddings`` (the default: the shipped
+#: ``static-fp16-embeddings``: the outlier channels of the FFN and the attention input split into dithered copies
+#: (and 32 FFN neurons in fp32), every activation range fixed at export, biases folded into the int8 MatMuls and the
+#: residual stream left fp32, so a pair scores the same in any batch at 1.6x the speed of
+#: ``blockwise-fp16-embeddings`` (also batch-invariant; every weight MatMul 8-bit blockwise).
+#: ``static-gptq-fp16-embeddings`` is the same graph with the int8 weights chosen by GPTQ
+#: (:mod:`fastnli.exporter.weight_rounding`). ``static-gptq-ffn-split-fp16-embeddings`` (the default: the shipped
 #: model's, so that the model card's commands rebuild it) splits the FFN's outliers alone (8 neurons, 6 channels).
 #: ``fastnli.exporter.precision.INT8_RECIPES`` gives the measured trade-off of each.
 RECIPES: dict[str, dict[str, Any]] = {
@@ -64,6 +64,8 @@ RECIPES: dict[str, dict[str, Any]] = {
     "fp16-embeddings": {**INT8_RECIPE, "embeddings": "fp16"},
     "int8-embeddings": {**INT8_RECIPE, "op_types": ["MatMul", "Gemm", "Gather"]},
 }
+#: The recipe of the shipped model: the ship tool's default, which the model card's rebuild commands use.
+SHIPPED_RECIPE = "static-gptq-ffn-split-fp16-embeddings"
 GATE_STEP = {"snli/dev": 10, "lingnli/val": 8}  # the CI gate slice: every n-th row of the split
 MISSION_GATE_EVERY = 10  # the CI gate's slice of the mission test part: every n-th pair and long-premise row
 ORDER_ROWS = 4000  # snli/dev pairs scored forwards and reversed for the order-invariance figure
@@ -958,7 +960,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "nli-data")
     ap.add_argument("--out", type=Path, default=REPO / "fastnli" / "models" / "default")
     ap.add_argument("--quality", type=Path, default=QUALITY, help="where the quality records go (default: %(default)s)")
-    ap.add_argument("--recipe", choices=sorted(RECIPES), default="static-gptq-ffn-split-fp16-embeddings",
+    ap.add_argument("--recipe", choices=sorted(RECIPES), default=SHIPPED_RECIPE,
                     help="INT8 recipe (default: %(default)s, the shipped model's)")
     ap.add_argument("--answers", type=Path, default=None,
                     help="answer_data.py output (dev.jsonl, test.jsonl); default: built here with its defaults")
