@@ -253,7 +253,7 @@ def test_static_split_copies_round_to_the_channel(ckpt_v1: Path, workdir: Path) 
     import onnx
     from onnx import numpy_helper
 
-    from fastnli.exporter.outliers import ATTENTION_TAG, BRANCH_TAG, SPLIT_CONCAT, SPLIT_DITHER
+    from fastnli.exporter.outliers import BRANCH_TAG, SPLIT_CONCAT, SPLIT_DITHER, SPLITS
 
     out = workdir / "art_ckpt_v1_static"
     if not (out / "manifest.json").is_file():  # else written by test_static_int8_recipe_is_batch_invariant
@@ -265,7 +265,7 @@ def test_static_split_copies_round_to_the_channel(ckpt_v1: Path, workdir: Path) 
     x = np.random.default_rng(0).uniform(-40.0, 40.0, 20_000)
     checked = 0
     for i, entry in record["layers"].items():
-        for sub, prefix in (("", ""), (ATTENTION_TAG, "attention_")):
+        for sub, prefix in SPLITS:
             tag = f"/layer.{i}{BRANCH_TAG}{sub}"
             s, dither = float(scale_of[tag + SPLIT_CONCAT]), inits[tag + SPLIT_DITHER]
             start = 0

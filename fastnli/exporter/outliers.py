@@ -54,7 +54,7 @@ SPLIT_DITHER = "split_dither"
 #: The tag of a layer's attention-input split, after the layer's own (``/layer.N`` + ``BRANCH_TAG``).
 ATTENTION_TAG = "attention/"
 #: The splits of a layer: (part of the tag after ``BRANCH_TAG``, prefix of the record's keys).
-_SPLITS = (("", ""), (ATTENTION_TAG, "attention_"))
+SPLITS = (("", ""), (ATTENTION_TAG, "attention_"))
 
 
 def _max_abs(model: Any, tensors: list[str], feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -312,7 +312,7 @@ def split_outliers(model: Any, spec: dict[str, Any], feeds: list[dict[str, np.nd
             entry.update(_move_channels(g, [ffn_in], x, c, split, tag, i, "input_channels"))
             entry["ffn_in_input_range_ratio"] = entry.pop("input_range_ratio")
         readers = attention.get(i, [])
-        if a and readers:
+        if readers:
             moved = _move_channels(g, readers, ranges[readers[0].input[0]], a, split, tag + ATTENTION_TAG, i,
                                    "attention_channels")
             entry.update({f"attention_{key}": value for key, value in moved.items()})
@@ -325,7 +325,7 @@ def clipped_channels(record: dict[str, Any]) -> dict[str, list[int]]:
     """Per widened input of a channel split (FFN or attention; ``record``: what :func:`split_outliers` returned),
     the channels whose weight rows are zero: a fixed activation range must be measured without them."""
     return {f"/layer.{i}{BRANCH_TAG}{sub}{SPLIT_CONCAT}": e[prefix + "channels"]
-            for i, e in record.get("layers", {}).items() for sub, prefix in _SPLITS if prefix + "channel_copies" in e}
+            for i, e in record.get("layers", {}).items() for sub, prefix in SPLITS if prefix + "channel_copies" in e}
 
 
 def set_split_dither(model: Any, record: dict[str, Any]) -> int:
@@ -346,7 +346,7 @@ def set_split_dither(model: Any, record: dict[str, Any]) -> int:
     quantizer = {n.input[0]: n for n in model.graph.node if n.op_type == "QuantizeLinear"}
     done = 0
     for i, e in record.get("layers", {}).items():
-        for sub, prefix in _SPLITS:
+        for sub, prefix in SPLITS:
             if prefix + "channel_copies" not in e:
                 continue
             tag = f"/layer.{i}{BRANCH_TAG}{sub}"

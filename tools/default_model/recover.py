@@ -106,7 +106,7 @@ def unsplit(g: Graph, w: np.ndarray, b: np.ndarray, hidden: int, pre: str) -> tu
 def ffn_input(g: Graph, layer: int, hidden: int) -> tuple[np.ndarray, np.ndarray]:
     """The feed-forward input projection ``(W (hidden, intermediate), bias)`` of one layer, outliers folded back."""
     w, b = g.dequantized(f"/bert/encoder/layer.{layer}/intermediate/dense/MatMul")
-    pre = f"/layer.{layer}/fastnli_outliers/"
+    pre = f"/layer.{layer}{BRANCH_TAG}"
     if not g.has(pre + "w_in"):
         return w, b
     w, b = unsplit(g, w, b, hidden, pre)
@@ -117,7 +117,7 @@ def ffn_input(g: Graph, layer: int, hidden: int) -> tuple[np.ndarray, np.ndarray
 def ffn_output(g: Graph, layer: int) -> tuple[np.ndarray, np.ndarray]:
     """The feed-forward output projection ``(W (intermediate, hidden), bias)``, the fp32 branch's rows last."""
     w, b = g.dequantized(f"/bert/encoder/layer.{layer}/output/dense/MatMul")
-    pre = f"/layer.{layer}/fastnli_outliers/"
+    pre = f"/layer.{layer}{BRANCH_TAG}"
     if g.has(pre + "w_out"):
         w = np.concatenate([w, g.array(pre + "w_out")], axis=0)
     return w, b
