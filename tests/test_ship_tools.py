@@ -368,3 +368,48 @@ def test_card_names_the_detail_rows_only_when_a_stage_trained_on_them() -> None:
     extra["rows_per_category"].update({"added_detail+question": 2, "event_dropped_date": 2})
     text = " ".join(ship.extra_data_text({"data": {"extra_train": extra}}).split())
     assert "(`answer_data --detail-train`): one-sentence answers with a detail they do not need" in text
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
+def test_windowed_long_records_the_long_premises_read_whole_and_in_windows(tmp_path: Path) -> None:
+    """windowed_long scores the job's long-premise rows whole and in the model's windows and renders both in the card:
+    premises that fit one window read the same both ways, longer ones are read in more windows as they grow."""
+    from tools.default_model import mission_eval, windowed_long
+
+    model = tmp_path / "default"
+    shutil.copytree(DEFAULT_MODEL_DIR, model)
+    shutil.copy2(ship.QUALITY, tmp_path / "quality.json")
+    argv = ["--model", str(model), "--quality", str(tmp_path / "quality.json"), "--data", str(SHARED_DATA),
+            "--every", "30", "--write"]
+    assert windowed_long.main(argv) == 0
+    record = json.loads((tmp_path / "quality.json").read_text())["mission_windows"]
+    rows = windowed_long.long_rows(SHARED_DATA, 30)
+    assert record["rows"] == len(rows) and record["every_nth"] == 30 and record["precision"] == "int8"
+    assert record["window_policy"] == json.loads((model / "manifest.json").read_text())["window_policy"]
+    engine = NLIEngine(model, device="cpu", precision="int8")
+    pairs = [(r["premise"], r["hypothesis"]) for r in rows]
+    assert record["whole"] == mission_eval.evaluate(rows, engine.predict(pairs))["long"]
+    windows = record["windows"]
+    assert {k: {f: v for f, v in e.items() if f != "windows_per_premise"} for k, e in windows.items()} == \
+        mission_eval.evaluate(rows, engine.predict(pairs, long_premise="chunk"))["long"]
+    for words in ("0", "40"):  # short enough for one 128-token window: the same pair either way
+        assert windows[words]["windows_per_premise"] == 1.0
+        assert {f: v for f, v in windows[words].items() if f != "windows_per_premise"} == record["whole"][words]
+    assert windows["120"]["windows_per_premise"] < windows["240"]["windows_per_premise"] < \
+        windows["330"]["windows_per_premise"]
+    card = (model / "MODEL_CARD.md").read_text()
+    w, e = windows["330"], record["whole"]["330"]
+    assert (f"| 330 | {w['premise_words']:.0f} | {w['windows_per_premise']:.1f} | {e['accuracy']:.3f} / "
+            f"{w['accuracy']:.3f} | {e['entailment_kept']:.3f} / {w['entailment_kept']:.3f} |") in card
+    assert "(test part, every 30-th row:" in card
+    assert f"keeps entailment on {w['entailment_kept']:.0%} and contradiction on {w['contradiction_kept']:.0%}" in card
+
+
+def test_windowed_text_is_empty_without_a_record_and_refuses_a_step_below_one(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from tools.default_model import windowed_long
+
+    assert ship.windowed_text({}) == "" and ship.windowed_limit({}) == ""
+    with pytest.raises(SystemExit):
+        windowed_long.main(["--every", "0"])
+    assert "--every 0: give a positive step (1 scores every row)" in capsys.readouterr().err

@@ -8,7 +8,8 @@ included), the mission evaluation as written and with units aligned (``tools/def
 manifest's ``align_units``) → copy the INT8 graph, tokenizer, manifest and ``MODEL_CARD.md`` to ``fastnli/models/default/``, and write
 ``tools/default_model/quality.json`` (the figures and the fixed slice the CI quality gate re-checks; it stays out of
 the wheel) → choose how the model reads long documents (``tools/default_model/window_choice.py`` and
-``contradiction_choice.py``: the manifest's ``window_policy``).
+``contradiction_choice.py``: the manifest's ``window_policy``) → the job's long premises read in those windows
+(``tools/default_model/windowed_long.py``).
 """
 
 from __future__ import annotations
@@ -403,7 +404,18 @@ def weak_text(q: dict[str, Any]) -> str:
             f"evidence among {max(test['long'], key=int)} words of unrelated text it keeps entailment on "
             f"{longest['entailment_kept']:.0%} of the entailed pairs (alone: {alone['entailment_kept']:.0%}) and "
             f"contradiction on {longest['contradiction_kept']:.0%} (alone: {alone['contradiction_kept']:.0%}): a "
-            "long document that does support a statement can read as neutral.")
+            "long document that does support a statement can read as neutral." + windowed_limit(q))
+
+
+def windowed_limit(q: dict[str, Any]) -> str:
+    """The known-limits sentence on the longest premises read in the model's windows; empty without that record."""
+    if "mission_windows" not in q:
+        return ""
+    read = q["mission_windows"]["windows"]
+    longest = read[max(read, key=int)]
+    return (f" Read in the model's windows, as CaLM, ALCE and `fastnli.grounding` read documents, it keeps "
+            f"entailment on {longest['entailment_kept']:.0%} and contradiction on {longest['contradiction_kept']:.0%}"
+            " there.")
 
 
 def window_text(q: dict[str, Any]) -> str:
@@ -461,6 +473,31 @@ Chosen by `tools/default_model/contradiction_choice.py` ({w["rule"]}) on {w["dev
 
 | tokens before the evidence | dev: no bar, accuracy / neutral kept | dev: chosen | test: no bar | test: chosen |
 |---|---|---|---|---|
+{rows}
+
+"""
+
+
+def windowed_text(q: dict[str, Any]) -> str:
+    """The model card's table of the mission evaluation's long premises read whole and in the model's windows
+    (``tools/default_model/windowed_long.py``); empty for records without it."""
+    if "mission_windows" not in q:
+        return ""
+    w = q["mission_windows"]
+    figures = mission_eval.LONG_FIGURES
+    names = ("accuracy", "entailment kept", "contradiction kept", "neutral kept", "false entailment without the "
+             "evidence")
+    rows = "\n".join(
+        f"| {words} | {e['premise_words']:.0f} | {e['windows_per_premise']:.1f} | " + " | ".join(
+            f"{_figure(w['whole'][words].get(k))} / {_figure(e.get(k))}" for k in figures) + " |"
+        for words, e in sorted(w["windows"].items(), key=lambda kv: int(kv[0])))
+    part = f"{w['part']} part" + (f", every {w['every_nth']}-th row" if w["every_nth"] > 1 else "")
+    return f"""The job's long premises ({part}: the evidence sentence among unrelated text, and the text without it) read
+whole, as in the long-premise table above, and in the windows of the policy above, as these checks read documents
+(`tools/default_model/windowed_long.py`, one {w.get("precision", "int8").upper()} run):
+
+| filler words | premise words | windows | {" | ".join(f"{n} (whole / windows)" for n in names)} |
+|---|---|---|{"---|" * len(figures)}
 {rows}
 
 """
@@ -927,7 +964,7 @@ fp32 max |Δp| {pv["fp32"]["max_abs_dprob"]:.2e}; INT8 max |Δp| {pv["int8"]["ma
 
 {recipe_text(q)}
 
-{mission_section(q)}{written_text(q)}{window_text(q)}{contradiction_text(q)}## Speed by CPU
+{mission_section(q)}{written_text(q)}{window_text(q)}{contradiction_text(q)}{windowed_text(q)}## Speed by CPU
 snli/dev (9,840 pairs) through the engine, tokenization and scheduling included, the engine's default CPU streams,
 best of 2 runs. Written by `tools/default_model/ship.py` (with the fp32 and plain dynamic INT8 graphs) and by
 `tools/default_model/measure.py`, which re-measures the shipped graph on another CPU. INT8 speed depends on the
@@ -1076,13 +1113,18 @@ def main() -> None:
     size = sum(f.stat().st_size for f in out.iterdir())
     logger.info("shipped %s (%.1f MB)", out, size / 1e6)
     shutil.rmtree(work)
-    from tools.default_model import contradiction_choice, window_choice  # they render the card with ship's helpers
+    from tools.default_model import (  # they render the card with ship's helpers
+        contradiction_choice,
+        window_choice,
+        windowed_long,
+    )
 
     logger.info("choosing how the model reads long documents (tools/default_model/window_choice.py, then "
                 "contradiction_choice.py)")
     common = ["--model", str(out), "--quality", str(args.quality), "--data", str(args.data), "--write"]
     window_choice.main(common)
     contradiction_choice.main(common)
+    windowed_long.main(common)
 
 
 if __name__ == "__main__":
