@@ -55,7 +55,8 @@ def measure(engine: NLIEngine, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = choice_parser(__doc__)
-    ap.add_argument("--every", type=int, default=1, help="score every N-th long-premise row of each length only (default 1: all)")
+    ap.add_argument("--every", type=int, default=1, help="score every N-th row of each category (the rows with and "
+                    "without the evidence at each length) only (default 1: all)")
     ap.add_argument("--precision", default="int8", help="the graph to run (default int8, the shipped one; a "
                     "candidate exported with --precisions fp32: fp32)")
     args = ap.parse_args(argv)
