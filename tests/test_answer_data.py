@@ -311,6 +311,33 @@ def test_hard_windows_keep_what_the_model_misreads_beside_the_evidence() -> None
     assert hard_rows(rows, pools, score, seed=4, per_pair=2)[0] != got
 
 
+def test_hard_contradiction_windows_draw_contradiction_pairs_and_keep_them_contradicting() -> None:
+    """``--kind contradiction``: only SNLI contradiction pairs are drawn; a window scored above 0.5 P(contradiction)
+    becomes a neutral row beside the pair's own premise among unrelated sentences, labelled contradiction."""
+    from tools.default_model.hard_windows import hard_rows
+
+    rows = [{"source": "snli/train", "label": label, "premise": f"A man number {i} plays a guitar.",
+             "hypothesis": f"Someone {i} is {'asleep' if label == 'contradiction' else 'outside'}."}
+            for i in range(8) for label in ("entailment", "contradiction")]
+    pools = {"train": ["The committee met on Tuesday.", "Prices rose sharply last year.",
+                       "Tourists visit the old harbour.", "The report was published in spring."], "eval": []}
+    seen: list[tuple[str, str]] = []
+
+    def score(pairs: Any) -> np.ndarray:  # "contradicting" when the window is long
+        seen.extend(pairs)
+        return np.array([0.9 if len(p.split()) > 60 else 0.1 for p, _ in pairs])
+
+    got, counts = hard_rows(rows, pools, score, seed=3, per_pair=2, label="contradiction")
+    assert counts["pairs"] == 8 and {h for _, h in seen} == {r["hypothesis"] for r in rows
+                                                               if r["label"] == "contradiction"}
+    assert counts["hard"] == len(got) // 2 > 0
+    for kept, hard in zip(got[::2], got[1::2]):
+        assert (kept["label"], kept["source"], hard["label"], hard["source"]) == (
+            "contradiction", "window/kept", "neutral", "window/hard")
+        evidence = next(r["premise"] for r in rows if r["hypothesis"] == kept["hypothesis"])
+        assert evidence in kept["premise"] and evidence not in hard["premise"]
+
+
 AWAITED = "The sibling waits at the door."
 
 

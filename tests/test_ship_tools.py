@@ -279,6 +279,21 @@ def test_rebuild_of_hard_window_rows_restores_the_model_that_scored_them() -> No
         ship.rebuild_text(stage))
 
 
+def test_card_names_a_round_of_contradiction_windows_by_its_own_kind() -> None:
+    from tools.default_model import hard_windows
+
+    first = {"tool": hard_windows.TOOL, "arguments": ["--per-pair", "8", "--seed", "17"], "model_artifact_hash": "a" * 64,
+             "after": {"arguments": ["--seed", "0"]}, "counts": {"hard": 7, "windows": 800}}
+    second = {"tool": hard_windows.TOOL, "kind": "contradiction", "arguments": ["--kind", "contradiction",
+              "--per-pair", "8", "--seed", "21"], "model_artifact_hash": "b" * 64, "after": first,
+              "counts": {"hard": 30, "windows": 900}}
+    account = ship.hard_windows_text({"files": {"/x.jsonl": "e" * 64}, "build_record": second})
+    assert "read as entailing an SNLI entailment hypothesis (7 of 800 windows that artifact `aaaaaaaaaaaaaaaa…`" in account
+    assert ("read as contradicting an SNLI contradiction hypothesis (30 of 900 windows that artifact "
+            "`bbbbbbbbbbbbbbbb…` misread), each as a neutral row beside the pair's own premise among unrelated "
+            "sentences (contradiction)") in account
+
+
 def test_card_long_premise_table_gives_each_label_kept_before_and_now() -> None:
     """The card's long-premise rows: each figure before / now, in filler-length order, "n/a" where the replaced
     model's record lacks a figure."""

@@ -24,6 +24,14 @@ rows are deterministic for one model (its static INT8 scores do not depend on th
 first, byte for byte, then the hard rows, and ``build.json`` carries the folder's own build record: one file for
 ``train --extra-train`` that the model card can rebuild.
 
+``--kind contradiction`` mines the same error for contradiction: SNLI's annotators read two descriptions of
+different scenes as contradicting each other, so a model trained on SNLI reads unrelated text as contradicting an SNLI
+contradiction hypothesis ("A man is sleeping."), and a document read in windows finds such a window among its many
+(docs/grounding.md: 20-29% of documents without the evidence read as contradiction at 2,000-4,000 tokens). The same
+draw over SNLI training contradiction pairs keeps the windows the model scores above 0.5 P(contradiction): each a
+``window/hard`` row (neutral) beside a ``window/kept`` row (contradiction: the pair's premise among unrelated sentences
+of the same length).
+
 ``--kind evidence`` mines the opposite error, evidence lost in a long premise: the first ``--pairs`` licensed
 entailment and contradiction pairs (in an order shuffled by ``--seed``) each get one document of unrelated
 training-pool sentences (40-330 words, up to the 512-token window) with the pair's premise at a random depth. A pair
@@ -65,24 +73,24 @@ logger = logging.getLogger("fastnli.tools")
 
 #: the window lengths in words (a 128-token window holds about 90 words of prose)
 MIN_WORDS, MAX_WORDS = 10, 130
-#: a window the model reads above this P(entailment) is a hard negative
+#: a window the model reads above this P(entailment) (``--kind contradiction``: P(contradiction)) is a hard negative
 HARD_ABOVE = 0.5
 #: the document lengths in words of ``--kind evidence`` (330 words of filler and a pair fill the 512-token window)
 EVIDENCE_MIN_WORDS, EVIDENCE_MAX_WORDS = 40, 330
 #: the ``tool`` of this tool's build records
 TOOL = "tools.default_model.hard_windows"
 #: the row kinds this tool mines (``--kind``)
-KINDS = ("windows", "evidence")
+KINDS = ("windows", "contradiction", "evidence")
 
 Scorer = Callable[[Sequence[tuple[str, str]]], np.ndarray]
 
 
 def hard_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], score: Scorer, seed: int,
-              per_pair: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(the ``window/kept`` + ``window/hard`` rows, counts) for the licensed ``rows``; ``score`` gives P(entailment)
-    of (premise, hypothesis) pairs."""
+              per_pair: int, label: str = "entailment") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(the ``window/kept`` + ``window/hard`` rows, counts) for the licensed ``rows``' SNLI pairs of ``label``
+    (entailment or contradiction); ``score`` gives P(``label``) of (premise, hypothesis) pairs."""
     rng = random.Random(seed)
-    cands = window_evidence(rows)
+    cands = window_evidence(rows, label)
     drawn: list[tuple[str, dict[str, Any], int]] = []
     for r in rng.sample(cands, len(cands)):
         for _ in range(per_pair):
@@ -94,7 +102,7 @@ def hard_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], score: Sc
         if pe <= HARD_ABOVE:
             continue
         kept = long_document(clean(r["premise"]), r["hypothesis"], pools["train"], words, rng)
-        out += [window_row(kept, r["hypothesis"], "entailment", "kept"), window_row(doc, r["hypothesis"], "neutral", "hard")]
+        out += [window_row(kept, r["hypothesis"], label, "kept"), window_row(doc, r["hypothesis"], "neutral", "hard")]
     counts = {"pairs": len(cands), "windows": len(drawn), "hard": len(out) // 2,
               "hard_share": round(float(np.mean(p > HARD_ABOVE)), 4) if len(p) else 0.0}
     return out, counts
@@ -187,10 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[3] / "shared" / "nli-data")
     ap.add_argument("--out", type=Path, required=True, help="directory for train.jsonl and build.json")
     ap.add_argument("--kind", choices=KINDS, default="windows",
-                    help="windows: unrelated windows read as entailing a hypothesis (default); evidence: long "
-                         "premises whose evidence the model loses")
+                    help="windows: unrelated windows read as entailing a hypothesis (default); contradiction: "
+                         "read as contradicting one; evidence: long premises whose evidence the model loses")
     ap.add_argument("--per-pair", type=int, default=8,
-                    help="--kind windows: windows drawn per SNLI entailment pair (default 8)")
+                    help="--kind windows / contradiction: windows drawn per SNLI pair of that label (default 8)")
     ap.add_argument("--pairs", type=int, default=20000,
                     help="--kind evidence: licensed pairs placed in a long document (default 20000)")
     ap.add_argument("--seed", type=int, default=17)
@@ -206,11 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     engine = NLIEngine(args.model, device="cpu")
     licensed, _ = licensed_rows(args.data)
     pools = filler_pools(licensed)
-    if args.kind == "windows":
-        entailment = engine.labels.index("entailment")
-        rows, counts = hard_rows(licensed, pools, lambda pairs: engine.predict(list(pairs))[:, entailment],
-                                 args.seed, args.per_pair)
-        arguments = ["--per-pair", str(args.per_pair), "--seed", str(args.seed)]
+    if args.kind in ("windows", "contradiction"):
+        label = "entailment" if args.kind == "windows" else "contradiction"
+        column = engine.labels.index(label)
+        rows, counts = hard_rows(licensed, pools, lambda pairs: engine.predict(list(pairs))[:, column],
+                                 args.seed, args.per_pair, label)
+        arguments = [*(["--kind", args.kind] if args.kind != "windows" else []), "--per-pair", str(args.per_pair),
+                     "--seed", str(args.seed)]
     else:
         rows, counts = hard_evidence_rows(licensed, pools, lambda pairs: engine.predict(list(pairs)), args.seed,
                                           args.pairs, engine.labels)

@@ -726,6 +726,8 @@ def hard_windows_text(extra: dict[str, Any]) -> str:
     rounds = hard_window_rounds(stage_rows_record(extra))[0]
     windows = [f"{r['counts']['hard']:,} of {r['counts']['windows']:,} windows that artifact "
                f"`{r['model_artifact_hash'][:16]}…` misread" for r in rounds if r.get("kind", "windows") == "windows"]
+    contradiction = [f"{r['counts']['hard']:,} of {r['counts']['windows']:,} windows that artifact "
+                     f"`{r['model_artifact_hash'][:16]}…` misread" for r in rounds if r.get("kind") == "contradiction"]
     evidence = [f"{r['counts']['hard']:,} of the {r['counts']['right_alone']:,} pairs that artifact "
                 f"`{r['model_artifact_hash'][:16]}…` labelled right alone" for r in rounds if r.get("kind") == "evidence"]
     text = ""
@@ -734,6 +736,11 @@ def hard_windows_text(extra: dict[str, Any]) -> str:
                  "sentences that an earlier default model read as entailing an SNLI entailment hypothesis ("
                  + ", then ".join(windows) + "), each as a neutral row beside the pair's own premise among unrelated "
                  "sentences (entailment)")
+    if contradiction:
+        text += ("; the `window` rows of `hard_windows --kind contradiction` are windows of unrelated sentences that an "
+                 "earlier default model read as contradicting an SNLI contradiction hypothesis ("
+                 + ", then ".join(contradiction) + "), each as a neutral row beside the pair's own premise among "
+                 "unrelated sentences (contradiction)")
     if evidence:
         text += ("; the `long/hard` rows are evidence an earlier default model lost (`hard_windows --kind evidence`): "
                  "licensed entailment and contradiction pairs it labelled wrong with their premise among 40-330 "
