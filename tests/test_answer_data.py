@@ -281,6 +281,18 @@ def test_window_rows_pair_the_evidence_with_its_removal() -> None:
         assert all(len(r["premise"].split()) <= 130 + 12 for r in (kept, removed))  # one filler sentence past 130
 
 
+WINDOW_POOLS = {"train": ["The committee met on Tuesday.", "Prices rose sharply last year.",
+                          "Tourists visit the old harbour.", "The report was published in spring."], "eval": []}
+
+
+def _long_window_scorer(seen: list[tuple[str, str]]) -> Any:
+    """A stand-in model for hard_rows: P(the label) 0.9 for windows over 60 words, else 0.1; records every pair."""
+    def score(pairs: Any) -> np.ndarray:
+        seen.extend(pairs)
+        return np.array([0.9 if len(p.split()) > 60 else 0.1 for p, _ in pairs])
+    return score
+
+
 def test_hard_windows_keep_what_the_model_misreads_beside_the_evidence() -> None:
     """Only windows scored above 0.5 become (neutral) hard rows, each after a kept row (the pair's premise among
     unrelated sentences: entailment) of the same hypothesis; the draw depends on the seed alone."""
@@ -289,13 +301,9 @@ def test_hard_windows_keep_what_the_model_misreads_beside_the_evidence() -> None
     rows = [{"source": "snli/train", "label": "entailment", "premise": f"A man number {i} plays a guitar.",
              "hypothesis": f"Someone {i} is outside."} for i in range(12)]
     rows.append({"source": "snli/train", "label": "neutral", "premise": "A dog.", "hypothesis": "A cat."})
-    pools = {"train": ["The committee met on Tuesday.", "Prices rose sharply last year.",
-                       "Tourists visit the old harbour.", "The report was published in spring."], "eval": []}
+    pools = WINDOW_POOLS
     seen: list[tuple[str, str]] = []
-
-    def score(pairs: Any) -> np.ndarray:  # "entailed" when the window is long
-        seen.extend(pairs)
-        return np.array([0.9 if len(p.split()) > 60 else 0.1 for p, _ in pairs])
+    score = _long_window_scorer(seen)  # "entailed" when the window is long
 
     got, counts = hard_rows(rows, pools, score, seed=3, per_pair=2)
     assert counts["pairs"] == 12 and counts["windows"] == len(seen) == 24
@@ -319,13 +327,9 @@ def test_hard_contradiction_windows_draw_contradiction_pairs_and_keep_them_contr
     rows = [{"source": "snli/train", "label": label, "premise": f"A man number {i} plays a guitar.",
              "hypothesis": f"Someone {i} is {'asleep' if label == 'contradiction' else 'outside'}."}
             for i in range(8) for label in ("entailment", "contradiction")]
-    pools = {"train": ["The committee met on Tuesday.", "Prices rose sharply last year.",
-                       "Tourists visit the old harbour.", "The report was published in spring."], "eval": []}
+    pools = WINDOW_POOLS
     seen: list[tuple[str, str]] = []
-
-    def score(pairs: Any) -> np.ndarray:  # "contradicting" when the window is long
-        seen.extend(pairs)
-        return np.array([0.9 if len(p.split()) > 60 else 0.1 for p, _ in pairs])
+    score = _long_window_scorer(seen)  # "contradicting" when the window is long
 
     got, counts = hard_rows(rows, pools, score, seed=3, per_pair=2, label="contradiction")
     assert counts["pairs"] == 8 and {h for _, h in seen} == {r["hypothesis"] for r in rows
