@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from fastnli.engine.manifest import read_manifest
-from fastnli.exporter.outliers import ATTENTION_TAG, BRANCH_TAG
+from fastnli.exporter.outliers import ATTENTION_TAG, BRANCH_TAG, SPLIT_DITHER
 
 logger = logging.getLogger("fastnli")
 REPO = Path(__file__).resolve().parents[2]
@@ -100,7 +100,7 @@ def unsplit(g: Graph, w: np.ndarray, b: np.ndarray, hidden: int, pre: str) -> tu
     main = w[:hidden].copy()
     idx = g.arrays[pre + "channel_idx"].astype(np.int64)
     main[idx] += g.array(pre + "channel_spread") @ copies
-    return main, b + g.array(pre + "split_dither") @ copies
+    return main, b + g.array(pre + SPLIT_DITHER) @ copies
 
 
 def ffn_input(g: Graph, layer: int, hidden: int) -> tuple[np.ndarray, np.ndarray]:

@@ -368,14 +368,27 @@ def mission_tables(q: dict[str, Any]) -> str:
     for form, g in now["groups"].items():
         b = (before or {}).get("groups", {}).get(form, {})
         lines.append(" | ".join([f"| {form}"] + [f"{_figure(b.get(k))} / {_figure(g.get(k))}" for k in shown]) + " |")
-    lines += ["", "| filler words | premise words | accuracy (before / now) | entailment kept (before / now) | "
-              "contradiction kept (before / now) | neutral kept (before / now) | false entailment without the "
-              "evidence (before / now) |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "| filler words | premise words | " + _long_names("before / now") + " |",
+              "|---|---|" + "---|" * len(LONG_FIGURE_NAMES)]
     for words, e in sorted(now["long"].items(), key=lambda kv: int(kv[0])):  # keys are strings in quality.json
         b = (before or {}).get("long", {}).get(words, {})
-        lines.append(f"| {words} | {e['premise_words']:.0f} | " + " | ".join(
-            f"{_figure(b.get(k))} / {_figure(e.get(k))}" for k in mission_eval.LONG_FIGURES) + " |")
+        lines.append(f"| {words} | {e['premise_words']:.0f} | {_long_cells(b, e)} |")
     return "\n".join(lines)
+
+
+#: the card's names of :data:`mission_eval.LONG_FIGURES`, in that order
+LONG_FIGURE_NAMES = ("accuracy", "entailment kept", "contradiction kept", "neutral kept",
+                     "false entailment without the evidence")
+
+
+def _long_names(pair: str) -> str:
+    """The long-premise figures' column names, each followed by what its two values are (``pair``)."""
+    return " | ".join(f"{name} ({pair})" for name in LONG_FIGURE_NAMES)
+
+
+def _long_cells(first: dict[str, Any], second: dict[str, Any]) -> str:
+    """A long-premise row's figures, each ``first / second``: "n/a" where a record lacks one."""
+    return " | ".join(f"{_figure(first.get(k))} / {_figure(second.get(k))}" for k in mission_eval.LONG_FIGURES)
 
 
 def _figure(value: float | None) -> str:
@@ -484,20 +497,16 @@ def windowed_text(q: dict[str, Any]) -> str:
     if "mission_windows" not in q:
         return ""
     w = q["mission_windows"]
-    figures = mission_eval.LONG_FIGURES
-    names = ("accuracy", "entailment kept", "contradiction kept", "neutral kept", "false entailment without the "
-             "evidence")
-    rows = "\n".join(
-        f"| {words} | {e['premise_words']:.0f} | {e['windows_per_premise']:.1f} | " + " | ".join(
-            f"{_figure(w['whole'][words].get(k))} / {_figure(e.get(k))}" for k in figures) + " |"
-        for words, e in sorted(w["windows"].items(), key=lambda kv: int(kv[0])))
+    rows = "\n".join(f"| {words} | {e['premise_words']:.0f} | {e['windows_per_premise']:.1f} | "
+                     f"{_long_cells(w['whole'][words], e)} |"
+                     for words, e in sorted(w["windows"].items(), key=lambda kv: int(kv[0])))
     part = f"{w['part']} part" + (f", every {w['every_nth']}-th row" if w["every_nth"] > 1 else "")
     return f"""The job's long premises ({part}: the evidence sentence among unrelated text, and the text without it) read
 whole, as in the long-premise table above, and in the windows of the policy above, as these checks read documents
 (`tools/default_model/windowed_long.py`, one {w.get("precision", "int8").upper()} run):
 
-| filler words | premise words | windows | {" | ".join(f"{n} (whole / windows)" for n in names)} |
-|---|---|---|{"---|" * len(figures)}
+| filler words | premise words | windows | {_long_names("whole / windows")} |
+|---|---|---|{"---|" * len(LONG_FIGURE_NAMES)}
 {rows}
 
 """
