@@ -82,3 +82,16 @@ def test_card_section_renders_the_record_before_and_now() -> None:
     written_answers.record(quality, now)  # no model before: its cells say so
     assert "| bare | 12 / 36 | n/a / 1.000 |" in ship.written_text(quality)
     json.dumps(quality)  # the record is plain JSON
+
+
+def test_int8_losses_name_the_forms_an_int8_graph_reads_worse() -> None:
+    right = written_answers.evaluate(QUESTIONS[:4], KnowingEngine())  # type: ignore[arg-type]
+    wrong = written_answers.evaluate(QUESTIONS[:4], KnowingEngine(wrong=True))  # type: ignore[arg-type]
+    assert written_answers.int8_losses(right, right) == []
+    assert written_answers.int8_losses(wrong, right) == ["bare: 1.000 → 0.000", "question: 1.000 → 0.000"]
+    mixed = {"bare": right["bare"], "question": wrong["question"]}
+    assert written_answers.int8_losses(mixed, right) == ["question: 1.000 → 0.000"]
+    assert written_answers.int8_losses(right, wrong) == []  # INT8 better than fp32 is no loss
+    quality: dict[str, Any] = {}
+    written_answers.record(quality, mixed, fp32=right)
+    assert set(quality["written_answers"]) == {"now", "fp32"}

@@ -1098,8 +1098,13 @@ def main() -> None:
     from tools.default_model import written_answers  # it renders nothing itself; the card reads its record
 
     questions = written_answers.read_questions()
-    written_answers.record(quality, written_answers.evaluate(questions, engines["int8"]),
-                           written_answers.evaluate(questions, before_engine) if before_engine is not None else None)
+    written = {p: written_answers.evaluate(questions, engines[p]) for p in ("int8", "fp32")}
+    written_answers.record(quality, written["int8"],
+                           written_answers.evaluate(questions, before_engine) if before_engine is not None else None,
+                           fp32=written["fp32"])
+    if lost := written_answers.int8_losses(written["int8"], written["fp32"]):
+        logger.warning("the INT8 graph reads the written answers worse than its fp32 weights (agreement AUROC, %s); "
+                       "try another --recipe", "; ".join(lost))
     logger.info("mission (test part): %s", quality["mission"]["test"]["groups"])
     others = {p: eng for p, eng in engines.items() if p != "int8"}
     quality["cpu_runs"] = [cpu_run(engines["int8"], splits, quality["gate"], "tools/default_model/ship.py", others,
