@@ -95,3 +95,19 @@ def test_int8_losses_name_the_forms_an_int8_graph_reads_worse() -> None:
     quality: dict[str, Any] = {}
     written_answers.record(quality, mixed, fp32=right)
     assert set(quality["written_answers"]) == {"now", "fp32"}
+
+
+@pytest.mark.parametrize("align", [None, True, False])
+def test_evaluate_reads_units_as_told(monkeypatch: pytest.MonkeyPatch, align: bool | None) -> None:
+    """A model not yet shipped has no manifest decision: the ship tool passes its align_units decision, and every
+    score call of the evaluation (both forms, the pair scores and the NCP rows) must read the answers that way."""
+    seen: list[bool | None] = []
+    real = written_answers.score
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["align_units"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(written_answers, "score", spy)
+    written_answers.evaluate(QUESTIONS[:3], KnowingEngine(), align_units=align)  # type: ignore[arg-type]
+    assert seen == [align] * 4

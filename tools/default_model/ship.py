@@ -1098,7 +1098,8 @@ def main() -> None:
     from tools.default_model import written_answers  # it renders nothing itself; the card reads its record
 
     questions = written_answers.read_questions()
-    written = {p: written_answers.evaluate(questions, engines[p]) for p in ("int8", "fp32")}
+    align = quality["align_units"]["default"]  # the manifest records it only when the model is placed, below
+    written = {p: written_answers.evaluate(questions, engines[p], align_units=align) for p in ("int8", "fp32")}
     written_answers.record(quality, written["int8"],
                            written_answers.evaluate(questions, before_engine) if before_engine is not None else None,
                            fp32=written["fp32"])

@@ -61,16 +61,19 @@ def answer_pairs(questions: Sequence[dict[str, Any]]) -> list[tuple[str, str, st
 
 
 def evaluate(questions: Sequence[dict[str, Any]], engine: NLIEngine | None = None,
-             examples: int = 3) -> dict[str, dict[str, Any]]:
+             examples: int = 3, align_units: bool | None = None) -> dict[str, dict[str, Any]]:
     """The figures of the module docstring per input form (``bare``, ``question``), with the ``examples`` agreeing
-    pairs of the lowest pair score and disagreeing pairs of the highest (``[a, b, score]``)."""
+    pairs of the lowest pair score and disagreeing pairs of the highest (``[a, b, score]``).
+
+    ``align_units`` as :func:`fastnli.scorers.score` (default None: the model's manifest); a model not yet shipped
+    has no manifest decision, so its figures need the decision passed here to compare with a shipped model's."""
     pairs = answer_pairs(questions)
     agree = np.array([p[3] for p in pairs])
     result: dict[str, dict[str, Any]] = {}
     for form in FORMS:
         prompts = [p[0] for p in pairs] if form == "question" else None
         res = score([p[1] for p in pairs], [[p[2]] for p in pairs], engine=engine, prompts=prompts,
-                    return_matrix=True, question_aware=form == "question")
+                    return_matrix=True, question_aware=form == "question", align_units=align_units)
         ncp = np.array([r.noncontradiction for r in res])
         # a 2 x 2 matrix holds (c, n, e) of a -> b at [0, 1] and of b -> a at [1, 0]; 1 x 1 when a and b are one text
         flagged = np.array([r.matrix is not None and len(r.matrix) == 2 and max(r.matrix[0, 1, 0], r.matrix[1, 0, 0])
@@ -79,7 +82,7 @@ def evaluate(questions: Sequence[dict[str, Any]], engine: NLIEngine | None = Non
         twice = score([q["correct"][0] for q in questions for _ in range(2)],
                       [s for q in questions for s in (q["correct"][1:], q["incorrect"][:2])], engine=engine,
                       prompts=[q["question"] for q in questions for _ in range(2)] if form == "question" else None,
-                      question_aware=form == "question")
+                      question_aware=form == "question", align_units=align_units)
         by_question = np.array([r.noncontradiction for r in twice], dtype=float).reshape(-1, 2)
         lower = by_question[:, 1] < by_question[:, 0]
         result[form] = {"questions": len(questions), "agreeing_pairs": int(agree.sum()),
