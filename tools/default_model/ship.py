@@ -733,10 +733,12 @@ def hard_windows_text(extra: dict[str, Any]) -> str:
     """The model card's account of hard rows (``hard_windows --after``, one or more rounds of either kind) among a
     stage's generated rows."""
     rounds = hard_window_rounds(stage_rows_record(extra))[0]
-    windows = [f"{r['counts']['hard']:,} of {r['counts']['windows']:,} windows that artifact "
-               f"`{r['model_artifact_hash'][:16]}…` misread" for r in rounds if r.get("kind", "windows") == "windows"]
-    contradiction = [f"{r['counts']['hard']:,} of {r['counts']['windows']:,} windows that artifact "
-                     f"`{r['model_artifact_hash'][:16]}…` misread" for r in rounds if r.get("kind") == "contradiction"]
+
+    def misread(kind: str) -> list[str]:  # a window round's count, per round of that kind (the first kind is unnamed)
+        return [f"{r['counts']['hard']:,} of {r['counts']['windows']:,} windows that artifact "
+                f"`{r['model_artifact_hash'][:16]}…` misread" for r in rounds if r.get("kind", "windows") == kind]
+
+    windows, contradiction = misread("windows"), misread("contradiction")
     evidence = [f"{r['counts']['hard']:,} of the {r['counts']['right_alone']:,} pairs that artifact "
                 f"`{r['model_artifact_hash'][:16]}…` labelled right alone" for r in rounds if r.get("kind") == "evidence"]
     text = ""
