@@ -229,10 +229,14 @@ class _ForkServer:
     def __init__(self, python: Path, env: dict[str, str]) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="fastnli-uqlm-server-"))
         self.log = self.dir / "server.log"
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen([str(python), str(_RUNNER), "--serve"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=log, env=env, cwd=self.dir, text=True,
-                                         start_new_session=True)
+        try:
+            with open(self.log, "wb") as log:
+                self.proc = subprocess.Popen([str(python), str(_RUNNER), "--serve"], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=log, env=env, cwd=self.dir, text=True,
+                                             start_new_session=True)
+        except BaseException:  # no process to own the directory: it goes now
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         self.lock = threading.Lock()
 
     def run(self, request: Path, response: Path, stderr: Path, env: dict[str, str], timeout_s: float) -> int | None:

@@ -100,7 +100,12 @@ def test_use_best_swaps_in_the_majority_response(checkpoint: Path, uqlm_python: 
     assert 2 / 3 <= nc <= 1.0  # two of the three comparisons are identical strings (1.0 each)
 
 
-def test_missing_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+def test_missing_checkpoint_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where a fork server would put its directory
     with pytest.raises(FileNotFoundError, match="does not exist"):
         run_uqlm(tmp_path / "no-such-checkpoint", ["a"], [["b"]], python=Path("/nonexistent/python"))
     with pytest.raises(FileNotFoundError, match="no config.json"):
@@ -110,6 +115,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
         run_uqlm(tmp_path, ["a"], [["b"]], scorers=("cosine_sim",), python=Path("/nonexistent/python"))
     with pytest.raises(RuntimeError, match="cannot start the uqlm runner"):
         run_uqlm(tmp_path, ["a"], [["b"]], python=Path("/nonexistent/python"))
+    assert list(temp.iterdir()) == []  # a server that cannot start leaves no directory behind
 
 
 def test_a_forked_run_is_a_fresh_interpreters_run(checkpoint: Path, uqlm_python: Path, result: UqlmResult) -> None:
