@@ -43,7 +43,7 @@ from fastnli.engine.labels import CANONICAL_LABELS
 from fastnli.engine.windows import WindowPolicy, deciding_rows
 from tools.default_model.ship import MANIFEST_NAME, choice_parser, log_progress, logger, record_shipped
 
-BARS: tuple[float | None, ...] = (None, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+BARS: tuple[float | None, ...] = (None, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995)
 DEPTHS: tuple[int, ...] = (0, 500, 1000, 2000, 4000)
 NEUTRAL = CANONICAL_LABELS.index("neutral")
 RULE = (f"highest mean over depths {list(DEPTHS)} of (accuracy with the premise + neutral kept without it) / 2 "
