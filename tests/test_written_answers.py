@@ -4,6 +4,8 @@ section, on an engine whose verdicts the test sets."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -111,3 +113,42 @@ def test_evaluate_reads_units_as_told(monkeypatch: pytest.MonkeyPatch, align: bo
     monkeypatch.setattr(written_answers, "score", spy)
     written_answers.evaluate(QUESTIONS[:3], KnowingEngine(), align_units=align)  # type: ignore[arg-type]
     assert seen == [align] * 4
+
+
+def test_the_cli_records_what_it_measures_and_keeps_what_it_does_not(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``--write`` without ``--before``/``--fp32`` keeps those recorded figures; ``--fp32`` measures the fp32
+    artifact with the shipped model's unit alignment and replaces them."""
+    opened: list[tuple[str, str | None]] = []
+
+    class Engine:
+        def __init__(self, path: Path, precision: str | None) -> None:
+            self.path, self.manifest = path, SimpleNamespace(align_units=True)
+
+        @classmethod
+        def from_pretrained(cls, path: Path, device: str, precision: str | None = None) -> Engine:
+            opened.append((Path(path).name, precision))
+            return cls(path, precision)
+
+    def figures(model: str, align_units: bool | None) -> dict[str, Any]:
+        return {form: {"agreement_auroc": 0.9, "model": model, "align_units": align_units}
+                for form in written_answers.FORMS}
+
+    def evaluate(questions: Any, engine: Engine, align_units: bool | None = None) -> dict[str, Any]:
+        return figures(Path(engine.path).name, align_units)
+
+    written: list[dict[str, Any]] = []
+    monkeypatch.setattr(written_answers, "NLIEngine", Engine)
+    monkeypatch.setattr(written_answers, "evaluate", evaluate)
+    monkeypatch.setattr(written_answers, "render", lambda result: "")
+    monkeypatch.setattr(ship, "record_shipped", lambda model, path, quality: written.append(quality))
+    quality = tmp_path / "quality.json"
+    quality.write_text(json.dumps({"written_answers": {"now": "old", "before": "replaced", "fp32": "weights"}}))
+    args = ["--model", str(tmp_path / "shipped"), "--quality", str(quality), "--write"]
+
+    assert written_answers.main(args) == 0
+    assert written[-1]["written_answers"] == {"now": figures("shipped", None), "before": "replaced", "fp32": "weights"}
+    assert written_answers.main([*args, "--fp32", str(tmp_path / "fp32")]) == 0
+    assert written[-1]["written_answers"] == {"now": figures("shipped", None), "before": "replaced",
+                                              "fp32": figures("fp32", True)}
+    assert opened[-2:] == [("shipped", None), ("fp32", "fp32")]

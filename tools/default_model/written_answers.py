@@ -18,6 +18,10 @@ correct response gets a lower NCP from two incorrect samples than from two corre
     python -m tools.default_model.written_answers                  # the embedded default model
     python -m tools.default_model.written_answers --model DIR --json out.json
     python -m tools.default_model.written_answers --before DIR --write   # record in quality.json and the model card
+    python -m tools.default_model.written_answers --fp32 DIR --write     # the model's own fp32 weights beside it
+
+``--write`` replaces the figures it measures and keeps the recorded ones it does not (the model replaced, without
+``--before``; the fp32 weights, without ``--fp32``).
 
 ``ship`` records these figures for every model it ships, beside those of the model it replaces.
 """
@@ -131,22 +135,34 @@ def int8_losses(int8: dict[str, dict[str, Any]], fp32: dict[str, dict[str, Any]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tools.default_model.ship import choice_parser, log_progress, record_shipped  # ship imports this module
+    from tools.default_model.ship import choice_parser, log_progress, logger, record_shipped  # ship imports this
 
     p = choice_parser(__doc__)
     p.add_argument("--before", type=Path, help="also measure the model it replaced (an artifact directory)")
     p.add_argument("--questions", type=Path, default=DATA)
+    p.add_argument("--fp32", type=Path, help="also measure the model's own fp32 weights (an artifact directory "
+                                             "with an fp32 graph), read with the model's unit alignment")
     p.add_argument("--json", type=Path, help="also write the figures as JSON here")
     args = p.parse_args(argv)
     log_progress()
     questions = read_questions(args.questions)
-    now = evaluate(questions, NLIEngine.from_pretrained(args.model, device="cpu"))
+    engine = NLIEngine.from_pretrained(args.model, device="cpu")
+    now = evaluate(questions, engine)
     before = None if args.before is None else evaluate(questions, NLIEngine.from_pretrained(args.before, device="cpu"))
+    fp32 = None if args.fp32 is None else evaluate(
+        questions, NLIEngine.from_pretrained(args.fp32, device="cpu", precision="fp32"),
+        align_units=engine.manifest.align_units)
+    if fp32 is not None and (lost := int8_losses(now, fp32)):
+        logger.warning("the model reads the written answers worse than its fp32 weights (agreement AUROC, %s)",
+                       "; ".join(lost))
     if args.json:
-        args.json.write_text(json.dumps({"now": now, "before": before}, indent=2) + "\n", encoding="utf-8")
+        args.json.write_text(json.dumps({"now": now, "before": before, "fp32": fp32}, indent=2) + "\n",
+                             encoding="utf-8")
     if args.write:
         quality = json.loads(args.quality.read_text())
-        record(quality, now, before)
+        kept = quality.get("written_answers", {})
+        record(quality, now, before if before is not None else kept.get("before"),
+               fp32 if fp32 is not None else kept.get("fp32"))
         record_shipped(args.model, args.quality, quality)
     sys.stdout.write(render(now) + "\n")
     return 0
