@@ -342,6 +342,25 @@ def test_hard_contradiction_windows_draw_contradiction_pairs_and_keep_them_contr
         assert evidence in kept["premise"] and evidence not in hard["premise"]
 
 
+def test_hard_windows_score_in_logged_chunks_with_the_rows_of_one_call(caplog: pytest.LogCaptureFixture) -> None:
+    from tools.default_model.hard_windows import logged
+
+    calls: list[int] = []
+
+    def score(pairs: Any) -> np.ndarray:
+        calls.append(len(pairs))
+        return np.array([[len(p), len(h)] for p, h in pairs], dtype=np.float32)
+
+    pairs = [(f"premise {i}" * (i % 3 + 1), f"h{i}") for i in range(10)]
+    with caplog.at_level("INFO", logger="fastnli.tools"):
+        got = logged(score, chunk=4)(pairs)
+    assert calls == [4, 4, 2]
+    assert np.array_equal(got, score(pairs))  # the rows one call over every pair gives, in order
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        "scored 4 / 10 pairs", "scored 8 / 10 pairs", "scored 10 / 10 pairs"]
+    assert logged(score, chunk=4)([]).shape[0] == 0
+
+
 AWAITED = "The sibling waits at the door."
 
 

@@ -51,6 +51,7 @@ import hashlib
 import json
 import logging
 import random
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,21 @@ TOOL = "tools.default_model.hard_windows"
 KINDS = ("windows", "contradiction", "evidence")
 
 Scorer = Callable[[Sequence[tuple[str, str]]], np.ndarray]
+#: pairs per engine call of :func:`logged`: a progress line each (the engine's results do not depend on the split)
+CHUNK_PAIRS = 8192
+
+
+def logged(score: Scorer, chunk: int = CHUNK_PAIRS) -> Scorer:
+    """``score`` called on ``chunk`` pairs at a time, logging how far it is and its pace; the rows of every chunk
+    joined in order."""
+    def run(pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+        t0, parts = time.perf_counter(), []
+        for start in range(0, len(pairs), chunk):
+            parts.append(np.asarray(score(pairs[start:start + chunk])))
+            done = min(start + chunk, len(pairs))
+            logger.info("scored %d / %d pairs (%.0f pairs/s)", done, len(pairs), done / (time.perf_counter() - t0))
+        return np.concatenate(parts) if parts else np.asarray(score(pairs))
+    return run
 
 
 def hard_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], score: Scorer, seed: int,
@@ -217,13 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.kind in ("windows", "contradiction"):
         label = "entailment" if args.kind == "windows" else "contradiction"
         column = engine.labels.index(label)
-        rows, counts = hard_rows(licensed, pools, lambda pairs: engine.predict(list(pairs))[:, column],
+        rows, counts = hard_rows(licensed, pools, logged(lambda pairs: engine.predict(list(pairs))[:, column]),
                                  args.seed, args.per_pair, label)
         arguments = [*(["--kind", args.kind] if args.kind != "windows" else []), "--per-pair", str(args.per_pair),
                      "--seed", str(args.seed)]
     else:
-        rows, counts = hard_evidence_rows(licensed, pools, lambda pairs: engine.predict(list(pairs)), args.seed,
-                                          args.pairs, engine.labels)
+        rows, counts = hard_evidence_rows(licensed, pools, logged(lambda pairs: engine.predict(list(pairs))),
+                                          args.seed, args.pairs, engine.labels)
         arguments = ["--kind", "evidence", "--pairs", str(args.pairs), "--seed", str(args.seed)]
     record = {"tool": TOOL, "kind": args.kind, "arguments": arguments,
               "model_artifact_hash": engine.manifest.artifact_hash, "precision": engine.precision, "counts": counts}
