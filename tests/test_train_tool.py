@@ -253,3 +253,24 @@ def test_device_cuda_without_a_gpu_says_so(quiet_main, ckpt_bert, tmp_path) -> N
         pytest.skip("a GPU is present")
     with pytest.raises(SystemExit, match=r"--device cuda: torch .* sees no GPU here; train with --device cpu"):
         quiet_main(_tiny_run(ckpt_bert, tmp_path / "run", "--device", "cuda"))
+
+
+def test_allocator_hint_names_a_jemalloc_to_preload_unless_one_is(tool, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(tool.sys, "platform", "linux")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    lib = tmp_path / "libjemalloc.so"
+    lib.write_bytes(b"")
+    monkeypatch.setattr(tool, "jemalloc_library", lambda: lib)
+    assert tool.allocator_hint("cpu") == (
+        "glibc's malloc gives each step's memory back to the kernel and faults it in again (a third of the CPU time in "
+        f"page faults); train faster with LD_PRELOAD={lib} MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 set in the "
+        "environment")
+    monkeypatch.setattr(tool, "jemalloc_library", lambda: None)
+    assert "apt install libjemalloc2" in tool.allocator_hint("cpu")
+    assert tool.allocator_hint("cuda") is None
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4")
+    assert tool.allocator_hint("cpu") is None
+    monkeypatch.delenv("LD_PRELOAD")
+    monkeypatch.setattr(tool.sys, "platform", "darwin")
+    assert tool.allocator_hint("cpu") is None
+
