@@ -173,6 +173,31 @@ def test_resume_refuses_other_recipe_arguments_and_a_missing_state(quiet_main, t
         quiet_main(_tiny_run(ckpt_bert, out, "--resume", "--lr", "2e-4"))
 
 
+def test_a_state_written_before_pad_to_multiple_existed_resumes_at_its_default(quiet_main, tool, ckpt_bert,  # type: ignore[no-untyped-def]
+                                                                                 tmp_path) -> None:
+    out = tmp_path / "run"
+    assert quiet_main(_tiny_run(ckpt_bert, out, "--stop-after-steps", "3")) == 0
+    state = torch.load(out / tool.RESUME_FILE, weights_only=False)
+    del state["recipe"]["pad_to_multiple"]  # as an older tool wrote it
+    torch.save(state, out / tool.RESUME_FILE)
+    with pytest.raises(SystemExit, match=r"other arguments: --pad-to-multiple 1 \(now 32\)"):
+        quiet_main(_tiny_run(ckpt_bert, out, "--resume", "--pad-to-multiple", "32"))
+    assert quiet_main(_tiny_run(ckpt_bert, out, "--resume", "--stop-after-steps", "4")) == 0
+
+
+def test_collate_pads_to_a_multiple_within_the_cap(tool) -> None:  # type: ignore[no-untyped-def]
+    split = tool.Split("s", ["p"] * 2, ["h"] * 2, np.zeros(2, dtype=np.int64), ["x"] * 2,
+                       [np.arange(1, 6), np.arange(1, 8)], [np.zeros(5, np.int64), np.ones(7, np.int64)],
+                       np.array([5, 7]))
+    idx = np.array([0, 1])
+    for multiple, cap, width in ((1, None, 7), (4, None, 8), (4, 512, 8), (32, 20, 20), (4, 6, 7)):
+        batch = tool.collate(split, idx, 0, multiple, cap)
+        assert tuple(batch["input_ids"].shape) == (2, width), (multiple, cap)
+        assert batch["attention_mask"].sum(1).tolist() == [5, 7]
+        assert batch["input_ids"][1, :7].tolist() == list(range(1, 8)) and not batch["input_ids"][:, 7:].any()
+        assert batch["token_type_ids"][1].tolist() == [1] * 7 + [0] * (width - 7)
+
+
 def test_extra_rows_join_the_training_data_and_the_log(quiet_main, tool, ckpt_bert, tmp_path) -> None:  # type: ignore[no-untyped-def]
     extra = tmp_path / "extra.jsonl"
     rows = [{"premise": "1989", "hypothesis": "1991", "label": "contradiction", "source": "answers/qa",

@@ -90,6 +90,8 @@ RESUME_FILE = "resume_state.pt"
 # arguments a resumed run may change: they do not change what is computed
 OPERATIONAL_ARGS = frozenset({"resume", "state_every_min", "stop_after_steps", "time_budget_min", "log_every_s",
                               "log_level", "teacher_cache"})
+#: recipe arguments added since resumable states were first written, with the value those states ran with
+ADDED_ARGS: dict[str, Any] = {"pad_to_multiple": 1}
 
 
 def repeat_spec(spec: str) -> tuple[set[str], str]:
@@ -153,6 +155,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-ratio", type=float, default=0.06, help="linear warm-up, fraction of all steps")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, default=128, help="max tokens of a pair (truncation: longest_first)")
+    p.add_argument("--pad-to-multiple", type=int, default=1,
+                   help="pad each training batch to a multiple of N tokens (default 1: its longest pair). Fewer batch "
+                        "shapes keep a CPU process's memory flat (with 32: ~14%% more tokens on 20-200-token pairs)")
     p.add_argument("--label-smoothing", type=float, default=0.05)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument(
@@ -284,6 +289,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     if args.ffn_size is not None and args.ffn_size <= 0:
         p.error("--ffn-size must be positive")
+    if args.pad_to_multiple < 1:
+        p.error("--pad-to-multiple must be at least 1 (1: pad to the batch's longest pair)")
     if args.rdrop_alpha < 0:
         p.error("--rdrop-alpha must be >= 0")
     for spec in args.repeat_rows:
@@ -490,11 +497,14 @@ def tokenize(tokenizer: Any, split: Split, max_length: int) -> None:
     split.lengths = np.array([len(x) for x in split.input_ids], dtype=np.int64)
 
 
-def collate(split: Split, idx: np.ndarray, pad_id: int) -> dict[str, Any]:
-    """Dynamic padding to the longest pair of the batch."""
+def collate(split: Split, idx: np.ndarray, pad_id: int, multiple: int = 1, cap: int | None = None) -> dict[str, Any]:
+    """Dynamic padding to the longest pair of the batch, rounded up to a multiple of ``multiple`` tokens, but not past
+    ``cap`` (default: no cap) unless the longest pair is longer."""
     import torch
 
-    width = int(split.lengths[idx].max())
+    longest = int(split.lengths[idx].max())
+    rounded = -(-longest // multiple) * multiple
+    width = max(longest, min(rounded, cap if cap is not None else rounded))
     ids = np.full((len(idx), width), pad_id, dtype=np.int64)
     types = np.zeros((len(idx), width), dtype=np.int64)
     mask = np.zeros((len(idx), width), dtype=np.int64)
@@ -843,7 +853,7 @@ def load_resume_state(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)  # our own file
     if state.get("format") != 1:
         raise SystemExit(f"--resume: {path} has state format {state.get('format')!r}, this tool writes format 1")
-    saved, now = state["recipe"], recipe_arguments(args)
+    saved, now = {**ADDED_ARGS, **state["recipe"]}, recipe_arguments(args)
     changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
     if changed:
         diff = ", ".join(f"--{k.replace('_', '-')} {saved.get(k)!r} (now {now.get(k)!r})" for k in changed)
@@ -1150,7 +1160,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             for done_in_epoch, idx in enumerate(bar, start=resume_at + 1):
                 t_step = time.perf_counter()
-                batch = to_device(collate(train, idx, pad_id), device)
+                batch = to_device(collate(train, idx, pad_id, args.pad_to_multiple, args.max_length), device)
                 labels = torch.from_numpy(train.labels[idx]).to(device)
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
                     logits = model(**({k: v.repeat(2, 1) for k, v in batch.items()} if rdrop else batch)).logits
