@@ -289,7 +289,7 @@ def test_allocator_hint_names_a_jemalloc_to_preload_unless_one_is(tool, monkeypa
     assert tool.allocator_hint("cpu") == (
         "glibc's malloc gives each step's memory back to the kernel and faults it in again (a third of the CPU time in "
         f"page faults); train faster with LD_PRELOAD={lib} MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 set in the "
-        "environment (the process then grows faster: run long trainings in --stop-after-steps chunks with --resume)")
+        "environment (the process then grows with every new batch width: --pad-to-multiple 16 bounds the widths)")
     monkeypatch.setattr(tool, "jemalloc_library", lambda: None)
     assert "apt install libjemalloc2" in tool.allocator_hint("cpu")
     assert tool.allocator_hint("cuda") is None

@@ -891,7 +891,8 @@ def allocator_hint(device: str) -> str | None:
     glibc hands each step's large activation blocks back to the kernel and faults them in again at the next step:
     300,000-800,000 page faults per step of 16 x 256 tokens, a third of the process's CPU time in the kernel, on a
     2-core Intel Xeon (AMX); jemalloc that never purges brings that to a few hundred a second, but keeps every block
-    it has held: the process grew ~44 MB a step there (glibc: ~10)."""
+    it has held: the process grew ~44 MB a step there (glibc: ~10) until ``--pad-to-multiple`` bounds the batch
+    widths."""
     if device != "cpu" or not sys.platform.startswith("linux"):
         return None
     if any(name in os.environ.get("LD_PRELOAD", "") for name in POOLING_ALLOCATORS):
@@ -900,8 +901,8 @@ def allocator_hint(device: str) -> str | None:
     how = (f"LD_PRELOAD={lib} MALLOC_CONF={JEMALLOC_CONF}" if lib is not None else
            f"jemalloc preloaded (apt install libjemalloc2, or pip install 'fastnli[ray]') and MALLOC_CONF={JEMALLOC_CONF}")
     return ("glibc's malloc gives each step's memory back to the kernel and faults it in again (a third of the CPU "
-            f"time in page faults); train faster with {how} set in the environment (the process then grows faster: "
-            "run long trainings in --stop-after-steps chunks with --resume)")
+            f"time in page faults); train faster with {how} set in the environment (the process then grows with every "
+            "new batch width: --pad-to-multiple 16 bounds the widths)")
 
 
 def versions() -> dict[str, str]:
