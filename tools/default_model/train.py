@@ -157,7 +157,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-length", type=int, default=128, help="max tokens of a pair (truncation: longest_first)")
     p.add_argument("--pad-to-multiple", type=int, default=1,
                    help="pad each training batch to a multiple of N tokens (default 1: its longest pair). Fewer batch "
-                        "shapes keep a CPU process's memory flat (with 32: ~14%% more tokens on 20-200-token pairs)")
+                        "widths keep a CPU process's memory flat (on the default model's rows, 16: 32 widths instead of "
+                        "443 for 7.5%% more tokens)")
     p.add_argument("--label-smoothing", type=float, default=0.05)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument(
