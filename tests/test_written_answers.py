@@ -152,3 +152,14 @@ def test_the_cli_records_what_it_measures_and_keeps_what_it_does_not(
     assert written[-1]["written_answers"] == {"now": figures("shipped", None), "before": "replaced",
                                               "fp32": figures("fp32", True)}
     assert opened[-2:] == [("shipped", None), ("fp32", "fp32")]
+
+
+def test_int8_losses_warn_once_with_the_advice(caplog: pytest.LogCaptureFixture) -> None:
+    right = written_answers.evaluate(QUESTIONS[:4], KnowingEngine())  # type: ignore[arg-type]
+    wrong = written_answers.evaluate(QUESTIONS[:4], KnowingEngine(wrong=True))  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="fastnli"):
+        written_answers.warn_int8_losses(right, right)
+        written_answers.warn_int8_losses(wrong, right, "; try another --recipe")
+    assert [r.getMessage() for r in caplog.records] == [
+        "the INT8 graph reads the written answers worse than its fp32 weights (agreement AUROC, bare: 1.000 → 0.000; "
+        "question: 1.000 → 0.000); try another --recipe"]

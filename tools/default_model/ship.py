@@ -1105,9 +1105,7 @@ def main() -> None:
     written_answers.record(quality, written["int8"],
                            written_answers.evaluate(questions, before_engine) if before_engine is not None else None,
                            fp32=written["fp32"])
-    if lost := written_answers.int8_losses(written["int8"], written["fp32"]):
-        logger.warning("the INT8 graph reads the written answers worse than its fp32 weights (agreement AUROC, %s); "
-                       "try another --recipe", "; ".join(lost))
+    written_answers.warn_int8_losses(written["int8"], written["fp32"], "; try another --recipe")
     logger.info("mission (test part): %s", quality["mission"]["test"]["groups"])
     others = {p: eng for p, eng in engines.items() if p != "int8"}
     quality["cpu_runs"] = [cpu_run(engines["int8"], splits, quality["gate"], "tools/default_model/ship.py", others,

@@ -29,6 +29,7 @@ correct response gets a lower NCP from two incorrect samples than from two corre
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from itertools import combinations, product
@@ -134,8 +135,16 @@ def int8_losses(int8: dict[str, dict[str, Any]], fp32: dict[str, dict[str, Any]]
             for form in FORMS if fp32[form]["agreement_auroc"] - int8[form]["agreement_auroc"] > tolerance]
 
 
+def warn_int8_losses(int8: dict[str, dict[str, Any]], fp32: dict[str, dict[str, Any]], advice: str = "") -> None:
+    """Log a warning naming :func:`int8_losses`' forms, if any, followed by ``advice``."""
+    if lost := int8_losses(int8, fp32):
+        logging.getLogger("fastnli").warning(
+            "the INT8 graph reads the written answers worse than its fp32 weights (agreement AUROC, %s)%s",
+            "; ".join(lost), advice)
+
+
 def main(argv: list[str] | None = None) -> int:
-    from tools.default_model.ship import choice_parser, log_progress, logger, record_shipped  # ship imports this
+    from tools.default_model.ship import choice_parser, log_progress, record_shipped  # ship imports this module
 
     p = choice_parser(__doc__)
     p.add_argument("--before", type=Path, help="also measure the model it replaced (an artifact directory)")
@@ -152,9 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     fp32 = None if args.fp32 is None else evaluate(
         questions, NLIEngine.from_pretrained(args.fp32, device="cpu", precision="fp32"),
         align_units=engine.manifest.align_units)
-    if fp32 is not None and (lost := int8_losses(now, fp32)):
-        logger.warning("the model reads the written answers worse than its fp32 weights (agreement AUROC, %s)",
-                       "; ".join(lost))
+    if fp32 is not None:
+        warn_int8_losses(now, fp32)
     if args.json:
         args.json.write_text(json.dumps({"now": now, "before": before, "fp32": fp32}, indent=2) + "\n",
                              encoding="utf-8")
