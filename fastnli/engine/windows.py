@@ -41,6 +41,7 @@ usefully; such a pair is read truncated and reported as truncated in both modes.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -61,6 +62,8 @@ DEFAULT_SUPPORT_THRESHOLD = 0.5
 
 #: Re-plans of one premise with a smaller budget when a window's text tokenizes longer than planned.
 _MAX_REPLANS = 4
+
+_VISIBLE = re.compile(r"\S")
 
 
 def check_long_premise(value: object, where: str = "long_premise") -> LongPremise:
@@ -135,6 +138,18 @@ def window_threshold(engine: object) -> float | None:
     names none or the engine cannot read windows (no ``window_planner``)."""
     policy = getattr(getattr(engine, "window_planner", None), "policy", None)
     return getattr(policy, "entailment_threshold", None)
+
+
+def _first_visible(text: str, offsets: np.ndarray) -> np.ndarray:
+    """Each token's first character that is not whitespace (its own start when it is all whitespace): SentencePiece's
+    ``▁word`` and byte-level BPE's ``Ġword`` spans begin at the space before the word, which belongs to the sentence
+    before, as a token of spaces alone does."""
+    starts = offsets[:, 0].copy()
+    for t, (a, b) in enumerate(offsets.tolist()):
+        if a < b and text[a].isspace():
+            visible = _VISIBLE.search(text, a, b)
+            starts[t] = visible.start() if visible else a
+    return starts
 
 
 def _units(starts: np.ndarray, sentences: Sequence[tuple[int, int]], n_tokens: int, budget: int
@@ -301,12 +316,14 @@ class WindowPlanner:
         if n <= budget:
             return [premise], True
         offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(n, 2)
+        units_at = _first_visible(premise, offsets)  # the sentence a token belongs to
         sentences = sentence_spans(premise)
         target = budget
         texts: list[str] = []
         for _ in range(_MAX_REPLANS + 1):
-            units = _units(offsets[:, 0], sentences, n, target)
+            units = _units(units_at, sentences, n, target)
             ranges = window_ranges(units, target, min(self.policy.overlap_tokens, target // 2))
+            # from the first token's own start: the window's text tokenizes as it did inside the premise
             texts = [premise[offsets[a, 0]:offsets[b - 1, 1]] for a, b in ranges]
             excess = max(self._counts(texts).values()) - budget
             if excess <= 0:
