@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
+from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -84,30 +86,42 @@ def corpus(n: int = 3000, seed: int = 0) -> list[str]:
 
 
 def _train_tokenizer(arch: Arch, vocab_size: int, seed: int):  # type: ignore[no-untyped-def]
+    """The checkpoint's tokenizer, the same for the same arguments in every process.
+
+    The byte-level BPE is trained with ``tokenizers``' trainer. The WordPiece and Unigram vocabularies are built here
+    from the corpus's word counts: those two trainers break ties in hash-map order, which changes from process to
+    process, so the same seed would give other token ids (and other test inputs) on every run.
+    """
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     special = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
     text = corpus(seed=seed)
     if arch == "bert":
-        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        normalizer, pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+        words = _word_counts(text, normalizer, pre_tokenizer)
+        chars = sorted({c for w in words for c in w})
+        pieces = special + chars + [f"##{c}" for c in chars] + _by_count(words, set(chars))
+        tok = Tokenizer(models.WordPiece({p: i for i, p in enumerate(pieces[:vocab_size])}, unk_token="[UNK]"))
+        tok.normalizer, tok.pre_tokenizer = normalizer, pre_tokenizer
         tok.decoder = decoders.WordPiece()
-        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False)
     elif arch == "deberta":
         tok = Tokenizer(models.BPE(unk_token=None))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        tok.train_from_iterator(text, trainer=trainer)
     else:
-        tok = Tokenizer(models.Unigram())
-        tok.normalizer = normalizers.NFKC()
-        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        normalizer, pre_tokenizer = normalizers.NFKC(), pre_tokenizers.Metaspace()
+        words = _word_counts(text, normalizer, pre_tokenizer)
+        total = sum(words.values())
+        chars = sorted({c for w in words for c in w})
+        scored = [(w, math.log(words[w] / total)) for w in _by_count(words, set(chars))]
+        floor = min(score for _, score in scored) - 10.0  # a word is one piece, never its characters
+        vocab = [(p, 0.0) for p in special] + [(c, floor) for c in chars] + scored
+        tok = Tokenizer(models.Unigram(vocab[:vocab_size], unk_id=special.index("[UNK]")))
+        tok.normalizer, tok.pre_tokenizer = normalizer, pre_tokenizer
         tok.decoder = decoders.Metaspace()
-        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=special, unk_token="[UNK]",
-                                          show_progress=False)
-    tok.train_from_iterator(text, trainer=trainer)
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
@@ -115,6 +129,16 @@ def _train_tokenizer(arch: Arch, vocab_size: int, seed: int):  # type: ignore[no
         special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
     return tok
+
+
+def _word_counts(text: list[str], normalizer: Any, pre_tokenizer: Any) -> Counter[str]:
+    """How often each pre-tokenized word of ``text`` occurs, after ``normalizer``."""
+    return Counter(w for line in text for w, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(line)))
+
+
+def _by_count(words: Counter[str], skip: set[str]) -> list[str]:
+    """``words`` most frequent first, ties in alphabetical order, without those in ``skip``."""
+    return [w for w in sorted(words, key=lambda w: (-words[w], w)) if w not in skip]
 
 
 def build_checkpoint(
