@@ -1,9 +1,9 @@
 """Seeded random NLI checkpoints with the real DeBERTa (and BERT) architectures.
 
-No model hub is needed: a tokenizer is trained locally with ``tokenizers`` on a small built-in corpus and the
+No model hub is needed: a tokenizer is made locally from a small built-in corpus (the same for the same seed) and the
 weights are drawn from a seeded generator. The compute of such a checkpoint is the real model's (same layers,
-same attention, same shapes); only its probabilities are meaningless. Tests, benchmarks and the README's main job
-use these checkpoints. Needs the export extra (``pip install 'fastnli[export]'``: torch, transformers).
+same attention, same shapes); only its probabilities are meaningless. Tests and benchmarks use these checkpoints.
+Needs the export extra (``pip install 'fastnli[export]'``: torch, transformers).
 
 Shapes (``size``):
 
