@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             "precision": chunk.precision, "queries": args.queries, "depths": depths,
             "window_policy": {"max_window_tokens": policy.max_window_tokens,
                               "entailment_threshold": policy.entailment_threshold,
-                              "contradiction_threshold": policy.contradiction_threshold},
+                              "contradiction_threshold": policy.contradiction_threshold,
+                              "fallback": policy.fallback},
             "window_threshold": policy.entailment_threshold or 0.5}
     text = markdown(needle, calm, depths, meta)
     sys.stdout.write(text)

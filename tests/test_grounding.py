@@ -50,12 +50,13 @@ def engine(art_v1: Path) -> NLIEngine:
     return NLIEngine.from_pretrained(art_v1, device="cpu", precision="fp32")
 
 
-@pytest.mark.parametrize("contradiction", [None, 0.0])
+@pytest.mark.parametrize(("contradiction", "fallback"), [(None, "entailment"), (0.0, "entailment"), (0.9, "neutral")])
 @pytest.mark.parametrize("granularity", ["window", "sentence"])
 def test_matrix_equals_per_pair_predict_and_summac_zs_its_formula(art_v1: Path, granularity: str,
-                                                                  contradiction: float | None) -> None:
+                                                                  contradiction: float | None, fallback: str) -> None:
     engine = NLIEngine.from_pretrained(art_v1, device="cpu", precision="fp32",
-                                       window_policy=WindowPolicy(contradiction_threshold=contradiction))
+                                       window_policy=WindowPolicy(contradiction_threshold=contradiction,
+                                                                  fallback=fallback))
     counting = CountingEngine(engine)
     docs = [*DOCS, {"title": "Long", "text": long_premise(120)}]
     r = fastnli.grounding(STATEMENTS, docs, counting, granularity=granularity)  # type: ignore[arg-type]
@@ -77,7 +78,7 @@ def test_matrix_equals_per_pair_predict_and_summac_zs_its_formula(art_v1: Path, 
         scores = [float(r.probs[s, u, 2] - r.probs[s, u, 0]) for u in range(U)]
         summac.append(max(scores))
         ent = [float(r.probs[s, u, 2]) for u in range(U)]
-        best = deciding_row(r.probs[s], r.threshold, contradiction)
+        best = deciding_row(r.probs[s], r.threshold, contradiction, fallback)
         assert r.best_source[s] == best and r.entailment[s] == pytest.approx(max(ent), abs=0)
         assert r.contradiction is not None and r.contradiction[s] == pytest.approx(float(r.probs[s, best, 0]), abs=0)
         assert bool(r.supported[s]) == (max(ent) > 0.5)

@@ -137,6 +137,8 @@ def test_info_names_the_embedded_models_gate(capsys: pytest.CaptureFixture[str])
     bar = policy.get("contradiction_threshold")
     rows = "the best-entailment window's" + ("" if bar is None else ", or when none supports the most contradicting "
                                             f"one's with P(contradiction) > {bar}")
+    if policy.get("fallback") == "neutral":
+        rows += ", or when none supports or contradicts the most neutral one's"
     code, out, _ = _run_cli(["info", "--device", "cpu"], capsys)
     assert code == 0
     assert out.endswith("precision int8: the embedded model's shipped precision (quality gate: "

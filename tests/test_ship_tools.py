@@ -363,17 +363,26 @@ def _contradiction_table(scores: dict[str, tuple[float, float]]) -> dict[str, An
 def test_contradiction_choice_takes_the_best_mean_of_accuracy_and_neutral_kept() -> None:
     from tools.default_model import contradiction_choice as cc
 
-    flat = {str(b): (0.7, 0.8) for b in cc.BARS}
-    assert cc.choose(_contradiction_table(flat)) is None  # a tie keeps the best-entailment window
+    flat = {cc.key(b, f): (0.7, 0.8) for f, b in cc.CANDIDATES}
+    assert cc.choose(_contradiction_table(flat)) == ("entailment", None)  # a tie keeps the best-entailment window
     better = {**flat, "0.5": (0.9, 0.7), "0.9": (0.85, 0.75)}  # 0.8 vs 0.8: the higher bar on a tie
-    assert cc.choose(_contradiction_table(better)) == 0.9
+    assert cc.choose(_contradiction_table(better)) == ("entailment", 0.9)
     assert cc.score(_contradiction_table(better), 0.5) == pytest.approx(0.8)
     worse = {**flat, "0.5": (0.9, 0.6)}  # more contradictions found, more unrelated documents read as contradiction
-    assert cc.choose(_contradiction_table(worse)) is None
+    assert cc.choose(_contradiction_table(worse)) == ("entailment", None)
+    neutral = {**better, "neutral:0.95": (0.85, 0.85), "neutral:None": (0.6, 1.0)}  # unrelated text reads neutral
+    assert cc.choose(_contradiction_table(neutral)) == ("neutral", 0.95)
+    assert cc.score(_contradiction_table(neutral), 0.95, "neutral") == pytest.approx(0.85)
     q = {"window_contradiction": {"choice": 0.9, "rule": cc.RULE, "dev": _contradiction_table(better),
                                   "test": _contradiction_table(better)}}
     text = ship.contradiction_text(q)
-    assert "P(contradiction) is above 0.9" in text and "| 4000 | 0.700 / 0.800 | 0.850 / 0.750 |" in text
+    assert "P(contradiction) is above 0.9; else the best-entailment window decides" in text
+    assert "| 4000 | 0.700 / 0.800 | 0.850 / 0.750 |" in text
+    q["window_contradiction"].update(choice=0.95, fallback="neutral", dev=_contradiction_table(neutral),
+                                     test=_contradiction_table(neutral))
+    text = ship.contradiction_text(q)
+    assert "above 0.95; a pair that no window supports and none contradicts takes its most neutral window's row" in text
+    assert "| 4000 | 0.700 / 0.800 | 0.850 / 0.850 |" in text
     assert ship.contradiction_text({}) == ""
 
 

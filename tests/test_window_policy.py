@@ -184,9 +184,11 @@ def test_the_embedded_model_reads_documents_as_its_manifest_says() -> None:
     assert engine.window_planner.policy == WindowPolicy.from_manifest(manifest.window_policy)
     quality = json.loads((Path(__file__).resolve().parents[1] / "tools" / "default_model" / "quality.json")
                          .read_text())
-    # the shipped policy is the measured one: window_choice's cap and support bar, contradiction_choice's bar
+    # the shipped policy is the measured one: window_choice's cap and support bar, contradiction_choice's bar and
+    # fallback
     assert manifest.window_policy == {**quality["window_policy"]["choice"],
-                                      "contradiction_threshold": quality["window_contradiction"]["choice"]}
+                                      "contradiction_threshold": quality["window_contradiction"]["choice"],
+                                      "fallback": quality["window_contradiction"]["fallback"]}
 
 
 def _table(cells: dict[str, dict[str, tuple[float, float]]]) -> dict[str, object]:

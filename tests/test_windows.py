@@ -31,16 +31,21 @@ def long_premise(n_before: int, n_after: int = 10, seed: int = 7) -> str:
     return " ".join([*before, NEEDLE, *after])
 
 
-def deciding_row(rows: np.ndarray, support: float = 0.5, contradiction: float | None = None) -> int:
+def deciding_row(rows: np.ndarray, support: float = 0.5, contradiction: float | None = None,
+                 fallback: str = "entailment") -> int:
     """The aggregation rule written out: the best-entailment row when it is support, else the most contradicting
-    row when it contradicts (three-way rows), else the best-entailment row; the first row on ties."""
+    row when it contradicts (three-way rows), else the best-entailment row, or the most neutral one with the neutral
+    fallback (three-way rows); the first row on ties."""
     ent = [float(r[-1]) for r in rows]
     best = ent.index(max(ent))
-    if ent[best] > support or contradiction is None or len(rows[0]) != 3:
+    if ent[best] > support or len(rows[0]) != 3:
         return best
     con = [float(r[0]) for r in rows]
     worst = con.index(max(con))
-    return worst if con[worst] > contradiction else best
+    if contradiction is not None and con[worst] > contradiction:
+        return worst
+    neu = [float(r[1]) for r in rows]
+    return neu.index(max(neu)) if fallback == "neutral" else best
 
 
 @pytest.fixture(scope="module")
@@ -182,12 +187,27 @@ def test_bad_long_premise_is_refused(engine: NLIEngine) -> None:
         WindowPolicy(max_window_tokens=8)
     with pytest.raises(ValueError, match=re.escape("contradiction_threshold=1.5 must be within [0, 1] (or None)")):
         WindowPolicy(contradiction_threshold=1.5)
+    with pytest.raises(ValueError, match=re.escape("fallback='contradiction' must be one of 'entailment', 'neutral'")):
+        WindowPolicy(fallback="contradiction")
+    with pytest.raises(ValueError, match=re.escape("fallback='max' must be one of 'entailment', 'neutral'")):
+        deciding_rows(np.array([UNRELATED]), np.array([0, 1]), fallback="max")
 
 
 UNRELATED = [0.10, 0.80, 0.10]
 CONTRADICTS = [0.90, 0.08, 0.02]
 SUPPORTS = [0.05, 0.15, 0.80]
 WEAK = [0.30, 0.30, 0.40]
+
+
+def test_the_neutral_fallback_reads_an_unrelated_document_as_neutral() -> None:
+    """Nothing supports, nothing contradicts above the bar: the best-entailment window's own argmax is contradiction,
+    the most neutral window's is neutral."""
+    probs = np.array([UNRELATED, [0.60, 0.05, 0.35], WEAK], dtype=np.float32)
+    starts = np.array([0, 3])
+    assert deciding_rows(probs, starts, 0.5, 0.95).tolist() == [2]
+    assert deciding_rows(probs, starts, 0.5, 0.95, "neutral").tolist() == [0]
+    assert deciding_rows(probs, starts, 0.5, 0.5, "neutral").tolist() == [1]  # above the bar: the contradiction
+    assert deciding_rows(probs, starts, 0.3, 0.5, "neutral").tolist() == [2]  # 0.40 is support at 0.3
 
 
 @pytest.mark.parametrize("windows, contradiction, expected", [
@@ -201,41 +221,49 @@ WEAK = [0.30, 0.30, 0.40]
 def test_the_deciding_window(windows: list[list[float]], contradiction: float | None, expected: int) -> None:
     probs = np.array(windows, dtype=np.float32)
     assert deciding_rows(probs, np.array([0, len(windows)]), 0.5, contradiction).tolist() == [expected]
+    # the neutral fallback changes only a pair that nothing supports and nothing contradicts above the bar
+    decided = probs[expected, -1] > 0.5 or (contradiction is not None and probs[expected, 0] > contradiction)
+    neutral = expected if decided else int(np.argmax(probs[:, 1]))
+    assert deciding_rows(probs, np.array([0, len(windows)]), 0.5, contradiction, "neutral").tolist() == [neutral]
     # a 2-way head has no contradiction column: the best-entailment window always
     two_way = np.stack([1 - probs[:, -1], probs[:, -1]], axis=1)
     assert deciding_rows(two_way, np.array([0, len(windows)]), 0.5, contradiction).tolist() == [
         int(np.argmax(probs[:, -1]))]
 
 
-def test_the_plan_aggregates_with_its_policy(engine: NLIEngine) -> None:
-    """The engine's planner hands its policy to the plan, whose rows follow the policy's bars."""
+@pytest.mark.parametrize("fallback", ["entailment", "neutral"])
+def test_the_plan_aggregates_with_its_policy(engine: NLIEngine, fallback: str) -> None:
+    """The engine's planner hands its policy to the plan, whose rows follow the policy's bars and fallback."""
     pairs = [(long_premise(120), HYPOTHESIS), ("A short premise.", HYPOTHESIS)]
     for bar in (None, 0.5):
-        engine.window_planner.policy = WindowPolicy(contradiction_threshold=bar)
+        engine.window_planner.policy = WindowPolicy(contradiction_threshold=bar, fallback=fallback)
         try:
             plan = engine.window_planner.plan([p for p, _ in pairs], [h for _, h in pairs])
         finally:
             engine.window_planner.policy = WindowPolicy()
         assert plan.policy.contradiction_threshold == bar and plan.num_windows.tolist()[1] == 1
         n = int(plan.num_windows[0])
-        probs = np.array([UNRELATED] * n + [SUPPORTS], dtype=np.float32)
-        probs[n - 1] = CONTRADICTS  # the last window contradicts, the others say nothing
+        probs = np.array([WEAK] * n + [SUPPORTS], dtype=np.float32)
+        probs[1] = UNRELATED
+        probs[n - 1] = CONTRADICTS  # the last window contradicts, the second says nothing, the others are unsure
         rows, best = plan.aggregate(probs)
-        assert best.tolist() == [n - 1 if bar is not None else 0, -1]
+        undecided = 1 if fallback == "neutral" else 0
+        assert best.tolist() == [n - 1 if bar is not None else undecided, -1]
         assert rows[0].tolist() == probs[best[0]].tolist() and rows[1].tolist() == probs[n].tolist()
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(st.tuples(st.integers(0, 8), st.integers(0, 8), st.integers(0, 8)), min_size=1, max_size=6),
                 min_size=1, max_size=8),
-       st.sampled_from([0.0, 0.3, 0.5, 0.7, 1.0]), st.sampled_from([None, 0.0, 0.4, 0.5, 0.8]))
+       st.sampled_from([0.0, 0.3, 0.5, 0.7, 1.0]), st.sampled_from([None, 0.0, 0.4, 0.5, 0.8]),
+       st.sampled_from(["entailment", "neutral"]))
 def test_deciding_rows_is_the_rule_written_out(groups: list[list[tuple[int, int, int]]], support: float,
-                                               contradiction: float | None) -> None:
+                                               contradiction: float | None, fallback: str) -> None:
     rows = [np.array(g, dtype=np.float64) + 1e-9 for g in groups]  # coarse values: ties are common
     rows = [g / g.sum(axis=1, keepdims=True) for g in rows]
     starts = np.concatenate([[0], np.cumsum([len(g) for g in rows])])
-    got = deciding_rows(np.concatenate(rows), starts, support, contradiction)
-    assert (got - starts[:-1]).tolist() == [deciding_row(g, support, contradiction) for g in rows]
+    got = deciding_rows(np.concatenate(rows), starts, support, contradiction, fallback)
+    assert (got - starts[:-1]).tolist() == [deciding_row(g, support, contradiction, fallback) for g in rows]
 
 
 @settings(max_examples=300, deadline=None)

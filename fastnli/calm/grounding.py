@@ -15,7 +15,8 @@ contradiction planes:
 - ``entailment[s] = max_u e[s, u]``; ``best_source[s]`` is the source that decides the statement, by the rule of
   ``long_premise="chunk"`` (:func:`fastnli.engine.windows.deciding_rows`): the argmax of ``e[s]`` (the first on ties)
   when that entailment is above ``threshold``, else, when the engine's window policy names a
-  ``contradiction_threshold`` and some ``c[s, u]`` is above it, the argmax of ``c[s]``, else the argmax of ``e[s]``;
+  ``contradiction_threshold`` and some ``c[s, u]`` is above it, the argmax of ``c[s]``, else the argmax of ``e[s]``
+  (of the neutral plane when the policy's ``fallback`` is ``"neutral"``);
   ``contradiction[s] = c[s, best_source[s]]``; ``supported[s] = entailment[s] > threshold``;
   ``score = mean_s entailment[s]`` (the aggregate). The default threshold is 0.5 for documents read as one source
   and the engine's window threshold (:attr:`~fastnli.engine.windows.WindowPolicy.entailment_threshold`, which the
@@ -127,6 +128,7 @@ class GroundingPlan:
     threshold: float
     align_units: bool = False
     contradiction_threshold: float | None = WindowPolicy().contradiction_threshold
+    fallback: str = WindowPolicy().fallback
 
     @functools.cached_property
     def pairs(self) -> list[tuple[str, str]]:
@@ -197,7 +199,8 @@ def plan_grounding(statements: str | Sequence[str], documents: Sequence[Any], en
         threshold = _default_threshold(engine, len(sources))
     aligned = resolve_align_units(align_units, model_aligns_units(engine))
     policy = getattr(getattr(engine, "window_planner", None), "policy", None) or WindowPolicy()
-    return GroundingPlan(texts, sources, owners, granularity, threshold, aligned, policy.contradiction_threshold)
+    return GroundingPlan(texts, sources, owners, granularity, threshold, aligned, policy.contradiction_threshold,
+                         policy.fallback)
 
 
 def finish_grounding(plan: GroundingPlan, probs: np.ndarray, labels: Sequence[str] = CANONICAL_LABELS
@@ -218,7 +221,8 @@ def finish_grounding(plan: GroundingPlan, probs: np.ndarray, labels: Sequence[st
     e = P[:, :, ENTAILMENT_COLUMN]
     rows = np.arange(n_s)
     if n_u:
-        best = deciding_rows(probs, np.arange(n_s + 1) * n_u, plan.threshold, plan.contradiction_threshold) - rows * n_u
+        best = deciding_rows(probs, np.arange(n_s + 1) * n_u, plan.threshold, plan.contradiction_threshold,
+                             plan.fallback) - rows * n_u
     else:
         best = np.full(n_s, -1, dtype=np.int64)
     entailment = e.max(axis=1).astype(np.float32) if n_u else np.zeros(n_s, dtype=np.float32)

@@ -64,6 +64,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
     rows = "the best-entailment window's" if policy.contradiction_threshold is None else \
         "the best-entailment window's, or when none supports the most contradicting one's" \
         f" with P(contradiction) > {policy.contradiction_threshold}"
+    if policy.fallback == "neutral":
+        rows += ", or when none supports or contradicts the most neutral one's"
     out.print(escape(f"long documents (CaLM, ALCE, grounding, long_premise='chunk'): windows {size}, "
                      f"{policy.overlap_tokens} tokens of overlap; support when read in windows: {bar}; three-way "
                      f"row: {rows} ({source} window policy)"), soft_wrap=True)

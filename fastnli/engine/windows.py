@@ -24,7 +24,9 @@ and some window contradicts it:
 - else, with a three-way head, the window with the highest P(contradiction) (the first on ties) gives the row when
   that P(contradiction) is above :attr:`WindowPolicy.contradiction_threshold` (default None: this step is off; a
   model's manifest may name the bar it reads documents better with);
-- else the best window's row.
+- else the best window's row, or with :attr:`WindowPolicy.fallback` ``"neutral"`` and a three-way head the row of
+  the window with the highest P(neutral) (the first on ties): a document that neither supports nor contradicts the
+  hypothesis reads neutral rather than as its most entailing window, whose own argmax may be contradiction.
 
 A contradicting sentence in one window is thus not hidden behind an unrelated window that happens to read a little
 more entailing. The max of several windows' scores runs higher than one reading's on text that says nothing about the
@@ -51,11 +53,14 @@ import numpy as np
 from fastnli.engine.sentences import sentence_spans
 from fastnli.engine.tokenize import PairTokenizer
 
-__all__ = ["DEFAULT_SUPPORT_THRESHOLD", "LONG_PREMISE_MODES", "LongPremise", "PairWindows", "WindowPlanner",
-           "WindowPolicy", "check_long_premise", "deciding_rows", "window_threshold"]
+__all__ = ["DEFAULT_SUPPORT_THRESHOLD", "FALLBACKS", "LONG_PREMISE_MODES", "LongPremise", "PairWindows",
+           "WindowPlanner", "WindowPolicy", "check_long_premise", "deciding_rows", "window_threshold"]
 
 LongPremise = Literal["chunk", "truncate"]
 LONG_PREMISE_MODES: tuple[str, ...] = ("chunk", "truncate")
+
+#: :attr:`WindowPolicy.fallback`'s values: the window whose row a premise takes when none decides it.
+FALLBACKS: tuple[str, ...] = ("entailment", "neutral")
 
 #: The P(entailment) above which a window counts as support when a policy names no ``entailment_threshold``.
 DEFAULT_SUPPORT_THRESHOLD = 0.5
@@ -64,6 +69,11 @@ DEFAULT_SUPPORT_THRESHOLD = 0.5
 _MAX_REPLANS = 4
 
 _VISIBLE = re.compile(r"\S")
+
+
+def _check_fallback(value: str) -> None:
+    if value not in FALLBACKS:
+        raise ValueError(f"fallback={value!r} must be one of {', '.join(map(repr, FALLBACKS))}")
 
 
 def check_long_premise(value: object, where: str = "long_premise") -> LongPremise:
@@ -92,6 +102,9 @@ class WindowPolicy:
             window with the highest P(contradiction) gives the pair's row if that P(contradiction) is above this, in
             [0, 1] (default None: the best-entailment window's row always; a model's manifest names the bar it was
             measured to read better with).
+        fallback: which window gives the row of a premise that no window supports and none contradicts above
+            :attr:`contradiction_threshold`: ``"entailment"`` (default: the highest P(entailment), so entailment is
+            the max over windows) or ``"neutral"`` (with a three-way head, the highest P(neutral)).
     """
 
     overlap_tokens: int = 64
@@ -99,6 +112,7 @@ class WindowPolicy:
     max_window_tokens: int | None = None
     entailment_threshold: float | None = None
     contradiction_threshold: float | None = None
+    fallback: str = "entailment"
 
     def __post_init__(self) -> None:
         if self.overlap_tokens < 0:
@@ -112,6 +126,7 @@ class WindowPolicy:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name}={value} must be within [0, 1] (or None)")
+        _check_fallback(self.fallback)
 
     @property
     def support_threshold(self) -> float:
@@ -188,21 +203,23 @@ def window_ranges(units: Sequence[tuple[int, int]], budget: int, overlap_tokens:
 
 
 def deciding_rows(probs: np.ndarray, starts: np.ndarray, support_threshold: float = DEFAULT_SUPPORT_THRESHOLD,
-                  contradiction_threshold: float | None = None) -> np.ndarray:
+                  contradiction_threshold: float | None = None, fallback: str = "entailment") -> np.ndarray:
     """Per group of rows ``probs[starts[i]:starts[i + 1]]`` (each group non-empty), the index into ``probs`` of the
     row that speaks for the group: the highest P(entailment) (last column) when it is above ``support_threshold``;
     else, with three columns (contradiction first) and ``contradiction_threshold`` not None, the highest
-    P(contradiction) when it is above ``contradiction_threshold``; else the highest P(entailment). Ties go to the
-    first row.
+    P(contradiction) when it is above ``contradiction_threshold``; else the highest P(entailment), or with three
+    columns and ``fallback="neutral"`` the highest P(neutral). Ties go to the first row.
 
     Args:
         probs: ``(rows, k)`` probabilities, entailment in the last column.
         starts: int ``(groups + 1,)`` row offsets, increasing, ``starts[-1] == rows``.
         support_threshold, contradiction_threshold: the bars above (P, in [0, 1]).
+        fallback: ``"entailment"`` or ``"neutral"`` (:attr:`WindowPolicy.fallback`).
 
     Returns:
         int64 ``(groups,)``.
     """
+    _check_fallback(fallback)
     probs = np.asarray(probs)
     starts = np.asarray(starts, dtype=np.int64)
     counts = np.diff(starts)
@@ -211,11 +228,17 @@ def deciding_rows(probs: np.ndarray, starts: np.ndarray, support_threshold: floa
     owner = np.repeat(np.arange(len(counts)), counts)
     first = starts[:-1]
     best = np.lexsort((-probs[:, -1], owner))[first]  # per group, highest entailment first (stable: first row)
-    if contradiction_threshold is None or probs.shape[1] != 3:
+    if probs.shape[1] != 3 or (contradiction_threshold is None and fallback == "entailment"):
         return best
+    unsupported = probs[best, -1] <= support_threshold
     worst = np.lexsort((-probs[:, 0], owner))[first]
-    contradicts = (probs[best, -1] <= support_threshold) & (probs[worst, 0] > contradiction_threshold)
-    return np.where(contradicts, worst, best)
+    contradicts = unsupported & (probs[worst, 0] > (np.inf if contradiction_threshold is None
+                                                     else contradiction_threshold))
+    rows = np.where(contradicts, worst, best)
+    if fallback == "neutral":
+        neutral = np.lexsort((-probs[:, 1], owner))[first]
+        rows = np.where(unsupported & ~contradicts, neutral, rows)
+    return rows
 
 
 @dataclass
@@ -271,7 +294,9 @@ class PairWindows:
         best = np.full(n, -1, dtype=np.int64)
         if len(self.pairs) == n:  # nothing expanded
             return probs, best
-        top = deciding_rows(probs, self.starts, self.policy.support_threshold, self.policy.contradiction_threshold)
+        policy = self.policy
+        top = deciding_rows(probs, self.starts, policy.support_threshold, policy.contradiction_threshold,
+                            policy.fallback)
         best[self.chunked] = (top - self.starts[:-1])[self.chunked]
         return probs[top], best
 

@@ -463,13 +463,20 @@ is above {choice["entailment_threshold"]} (a premise read whole: above 0.5). Cho
 """
 
 
+def contradiction_key(bar: float | None, fallback: str = "entailment") -> str:
+    """A (fallback, contradiction bar) candidate's key in a ``contradiction_choice`` table: the bar (``"None"``,
+    ``"0.95"``), prefixed ``"neutral:"`` for the neutral fallback."""
+    return str(bar) if fallback == "entailment" else f"{fallback}:{bar}"
+
+
 def contradiction_text(q: dict[str, Any]) -> str:
-    """The model card's section on when a contradicting window decides a document read in windows
+    """The model card's section on which window decides a document read in windows when none supports the statement
     (``tools/default_model/contradiction_choice.py``); empty for records without that choice."""
     if "window_contradiction" not in q:
         return ""
     w = q["window_contradiction"]
-    choice = str(w["choice"])
+    fallback = w.get("fallback", "entailment")
+    choice = contradiction_key(w["choice"], fallback)
 
     def cell(part: str, depth: str, bar: str) -> str:
         c = w[part]["depths"][depth]["bars"][bar]
@@ -478,13 +485,15 @@ def contradiction_text(q: dict[str, Any]) -> str:
     rows = "\n".join(f"| {d} | {cell('dev', d, 'None')} | {cell('dev', d, choice)} | {cell('test', d, 'None')} | "
                      f"{cell('test', d, choice)} |" for d in sorted(w["test"]["depths"], key=int))
     decided = ("the most contradicting window decides a pair no window supports when its P(contradiction) is above "
-               f"{choice}" if w["choice"] is not None else "the best-entailment window always decides")
-    return f"""Three-way rows of documents read in windows (`window_policy.contradiction_threshold`): {decided}.
+               f"{w['choice']}" if w["choice"] is not None else "no contradicting window decides")
+    decided += ("; a pair that no window supports and none contradicts takes its most neutral window's row"
+                if fallback == "neutral" else "; else the best-entailment window decides")
+    return f"""Three-way rows of documents read in windows (`window_policy.contradiction_threshold` and `fallback`): {decided}.
 Chosen by `tools/default_model/contradiction_choice.py` ({w["rule"]}) on {w["dev"]["pairs"]} dev-part pairs; the
 {w["test"]["pairs"]} test-part pairs are reported only (alone, as sentence pairs: accuracy {w["test"]["alone_accuracy"]:.3f}).
 *Accuracy*: argmax = gold with the premise in the document; *neutral kept*: argmax = neutral for the document without it.
 
-| tokens before the evidence | dev: no bar, accuracy / neutral kept | dev: chosen | test: no bar | test: chosen |
+| tokens before the evidence | dev: best-entailment window, accuracy / neutral kept | dev: chosen | test: best-entailment window | test: chosen |
 |---|---|---|---|---|
 {rows}
 
