@@ -230,14 +230,15 @@ def deciding_rows(probs: np.ndarray, starts: np.ndarray, support_threshold: floa
     best = np.lexsort((-probs[:, -1], owner))[first]  # per group, highest entailment first (stable: first row)
     if probs.shape[1] != 3 or (contradiction_threshold is None and fallback == "entailment"):
         return best
-    unsupported = probs[best, -1] <= support_threshold
-    worst = np.lexsort((-probs[:, 0], owner))[first]
-    contradicts = unsupported & (probs[worst, 0] > (np.inf if contradiction_threshold is None
-                                                     else contradiction_threshold))
-    rows = np.where(contradicts, worst, best)
+    undecided = probs[best, -1] <= support_threshold
+    rows = best
+    if contradiction_threshold is not None:
+        worst = np.lexsort((-probs[:, 0], owner))[first]
+        contradicts = undecided & (probs[worst, 0] > contradiction_threshold)
+        rows = np.where(contradicts, worst, best)
+        undecided &= ~contradicts
     if fallback == "neutral":
-        neutral = np.lexsort((-probs[:, 1], owner))[first]
-        rows = np.where(unsupported & ~contradicts, neutral, rows)
+        rows = np.where(undecided, np.lexsort((-probs[:, 1], owner))[first], rows)
     return rows
 
 
