@@ -363,7 +363,7 @@ def _contradiction_table(scores: dict[str, tuple[float, float]]) -> dict[str, An
 def test_contradiction_choice_takes_the_best_mean_of_accuracy_and_neutral_kept() -> None:
     from tools.default_model import contradiction_choice as cc
 
-    flat = {cc.key(b, f): (0.7, 0.8) for f, b in cc.CANDIDATES}
+    flat = {ship.contradiction_key(b, f): (0.7, 0.8) for f, b in cc.CANDIDATES}
     assert cc.choose(_contradiction_table(flat)) == ("entailment", None)  # a tie keeps the best-entailment window
     better = {**flat, "0.5": (0.9, 0.7), "0.9": (0.85, 0.75)}  # 0.8 vs 0.8: the higher bar on a tie
     assert cc.choose(_contradiction_table(better)) == ("entailment", 0.9)

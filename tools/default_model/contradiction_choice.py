@@ -62,8 +62,6 @@ RULE = (f"highest mean over depths {list(DEPTHS)} of (accuracy with the premise 
 #: Every (fallback, bar) the rule weighs.
 CANDIDATES: tuple[tuple[str, float | None], ...] = tuple((f, b) for f in FALLBACKS for b in BARS)
 
-key = contradiction_key
-
 
 def measure(model: Path, part: str, n_pairs: int, depths: Sequence[int], seed: int, data: Path) -> dict[str, Any]:
     """Per depth, per bar of :data:`BARS`: accuracy with the premise, neutral kept without it, and the share of
@@ -90,7 +88,7 @@ def measure(model: Path, part: str, n_pairs: int, depths: Sequence[int], seed: i
             without_rows = without_probs[deciding_rows(without_probs, without_plan.starts, base.support_threshold, bar,
                                                        fallback)]
             guess = with_rows.argmax(1)
-            cells[key(bar, fallback)] = {
+            cells[contradiction_key(bar, fallback)] = {
                 "accuracy": float((guess == gold).mean()),
                 "kept": {label: float((guess[gold == k] == k).mean()) for k, label in enumerate(CANONICAL_LABELS)},
                 "neutral_kept": float((without_rows.argmax(1) == NEUTRAL).mean()),
@@ -103,7 +101,7 @@ def measure(model: Path, part: str, n_pairs: int, depths: Sequence[int], seed: i
 
 def score(table: dict[str, Any], bar: float | None, fallback: str = "entailment") -> float:
     """:data:`RULE`'s score of (``fallback``, ``bar``) in a :func:`measure` table."""
-    cells = [d["bars"][key(bar, fallback)] for d in table["depths"].values()]
+    cells = [d["bars"][contradiction_key(bar, fallback)] for d in table["depths"].values()]
     return float(np.mean([(c["accuracy"] + c["neutral_kept"]) / 2 for c in cells]))
 
 
@@ -124,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     test = measure(args.model, "test", args.test_pairs, DEPTHS, args.seed, args.data)
     record = {"choice": choice, "fallback": fallback, "rule": RULE, "dev": dev, "test": test}
     sys.stdout.write(json.dumps({"choice": choice, "fallback": fallback,
-                                 "test": {key(b, f): score(test, b, f) for f, b in CANDIDATES}}) + "\n")
+                                 "test": {contradiction_key(b, f): score(test, b, f) for f, b in CANDIDATES}}) + "\n")
     if args.write:
         quality = json.loads(args.quality.read_text())
         quality["window_contradiction"] = record

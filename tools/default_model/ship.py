@@ -482,7 +482,8 @@ def contradiction_text(q: dict[str, Any]) -> str:
         c = w[part]["depths"][depth]["bars"][bar]
         return f"{c['accuracy']:.3f} / {c['neutral_kept']:.3f}"
 
-    rows = "\n".join(f"| {d} | {cell('dev', d, 'None')} | {cell('dev', d, choice)} | {cell('test', d, 'None')} | "
+    plain = contradiction_key(None)  # the best-entailment window alone
+    rows = "\n".join(f"| {d} | {cell('dev', d, plain)} | {cell('dev', d, choice)} | {cell('test', d, plain)} | "
                      f"{cell('test', d, choice)} |" for d in sorted(w["test"]["depths"], key=int))
     decided = ("the most contradicting window decides a pair no window supports when its P(contradiction) is above "
                f"{w['choice']}" if w["choice"] is not None else "no contradicting window decides")
