@@ -85,7 +85,7 @@ def corpus(n: int = 3000, seed: int = 0) -> list[str]:
     return out
 
 
-def _train_tokenizer(arch: Arch, vocab_size: int, seed: int):  # type: ignore[no-untyped-def]
+def _make_tokenizer(arch: Arch, vocab_size: int, seed: int):  # type: ignore[no-untyped-def]
     """The checkpoint's tokenizer, the same for the same arguments in every process.
 
     The byte-level BPE is trained with ``tokenizers``' trainer. The WordPiece and Unigram vocabularies are built here
@@ -192,7 +192,7 @@ def build_checkpoint(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    tok = _train_tokenizer(arch, _VOCAB[size], seed)
+    tok = _make_tokenizer(arch, _VOCAB[size], seed)
     vocab = max(tok.get_vocab_size(), _CONFIG_VOCAB.get((arch, size), 0))
     labels = LABEL_ORDERS[label_order]
     dims = dict(_SIZES[size])
