@@ -220,7 +220,8 @@ def test_detail_pairs_label_the_detailed_answer_as_implying_the_plain_one() -> N
             assert a["label"] == b["label"] == "contradiction"
         else:
             assert cat in ("mixed_format", "spelled_number") and a["label"] == b["label"] == "entailment"
-    assert {"added_detail", "added_detail+question", "mixed_format+question", "event_dropped_date"} <= seen
+    assert {"added_detail", "added_detail+bare", "added_detail+question", "added_detail_swap",
+            "added_detail_swap+bare", "added_detail_swap+question", "mixed_format+question", "event_dropped_date"} <= seen
     assert_one_part_per_question(rows)  # one question (or event) lies in one part only
     assert {r["part"] for r in rows} == {"train", "dev", "test"}
 

@@ -306,15 +306,34 @@ def qa_pairs(data: Path, seed: int, question_aware_share: float = 0.35) -> list[
     rows: list[dict[str, Any]] = []
     by_part = qa_questions(data)
     for part, items in by_part.items():
-        # distractor pools: entity answers by question word, in this part only
-        pools: dict[str, list[str]] = {}
-        for q, answers in items:
-            if parse_value(answers[0]).kind == "entity":
-                pools.setdefault(q.split()[0].lower(), []).append(answers[0])
+        pools = entity_pools(items)
         rec = Rows(part, "answers/qa", rows)
         for q, answers in items:
             _question_rows(rec, q, answers, pools, rng, question_aware_share if part == "train" else 1.0)
     return rows
+
+
+def entity_pools(items: list[tuple[str, list[str]]]) -> dict[str, list[str]]:
+    """Distractor pools of one part's ``(question, answers)``: the entity answers by question word ("who", ...)."""
+    pools: dict[str, list[str]] = {}
+    for q, answers in items:
+        if parse_value(answers[0]).kind == "entity":
+            pools.setdefault(q.split()[0].lower(), []).append(answers[0])
+    return pools
+
+
+def distractor(q: str, first: str, accepted: set[str], pools: dict[str, list[str]], rng: random.Random,
+               tries: int = 4) -> str | None:
+    """An entity answer of another question of the same question word that is not accepted for ``q`` and shares no
+    word with its answer ``first`` (None when ``tries`` draws find none)."""
+    pool = pools.get(q.split()[0].lower(), [])
+    for _ in range(tries):
+        if not pool:
+            break
+        d = rng.choice(pool)
+        if normalize(d) not in accepted and not (set(normalize(d).split()) & set(normalize(first).split())):
+            return d
+    return None
 
 
 def _question_rows(rec: Rows, q: str, answers: list[str], pools: dict[str, list[str]], rng: random.Random,
@@ -337,16 +356,9 @@ def _question_rows(rec: Rows, q: str, answers: list[str], pools: dict[str, list[
         wv = parse_value(w)
         b = rng.choice(format_variants(wv, rng)) if rng.random() < 0.5 and wv.kind == v.kind else w
         pairs.append((a, b, "contradiction", "contradiction", cat, (first, w)))
-    if v.kind == "entity":
-        pool = pools.get(q.split()[0].lower(), [])
-        for _ in range(4):
-            if not pool:
-                break
-            d = rng.choice(pool)
-            if normalize(d) not in accepted and not (set(normalize(d).split()) & set(normalize(first).split())):
-                b = d if rng.random() < 0.5 else rng.choice(format_variants(parse_value(d), rng))
-                pairs.append((rng.choice(variants), b, "contradiction", "contradiction", "entity_swap", (first, d)))
-                break
+    if v.kind == "entity" and (d := distractor(q, first, accepted, pools, rng)) is not None:
+        b = d if rng.random() < 0.5 else rng.choice(format_variants(parse_value(d), rng))
+        pairs.append((rng.choice(variants), b, "contradiction", "contradiction", "entity_swap", (first, d)))
     for g in general_forms(v):
         pairs.append((first, g, "entailment", "neutral", "more_specific", (first, g)))
     for other in answers[1:]:  # the accepted list: equal forms, or one more specific than the other
@@ -591,9 +603,11 @@ def detail_pairs(data: Path, seed: int, per_part: dict[str, int] | None = None) 
     """Agreeing answers of which one states more, and numbers written in words, per part (by question or event):
 
     - ``added_detail``: a one-sentence answer with a detail it does not need (a year, a place, a source) against the
-      same answer without it, or the bare answer with the question: entailment from the detailed one, neutral back;
-    - ``added_detail_swap``: the detailed answer against another value's sentence: contradiction both ways (a detail
-      does not excuse another value);
+      same answer without it, the bare answer, or the bare answer with the question: entailment from the detailed one,
+      neutral back;
+    - ``added_detail_swap``: the detailed answer against another value (another year, number or date; for a name or
+      place, another question's answer of the same question word), bare, in its sentence and with the question:
+      contradiction both ways (a detail does not excuse another value);
     - ``mixed_format``: the bare answer against its one-sentence form, with the question: entailment both ways;
     - ``spelled_number``: a number answer (bare or in its sentence) against the number in words: entailment both ways;
     - ``event_dropped_date``: a dated event against the same event without its date: entailment, neutral back.
@@ -606,6 +620,7 @@ def detail_pairs(data: Path, seed: int, per_part: dict[str, int] | None = None) 
     for part, n in per_part.items():
         rec = Rows(part, "answers/detail", out)
         items = by_part[part][:]
+        pools = entity_pools(items)
         rng.shuffle(items)
         made = 0
         for q, answers in items:
@@ -619,15 +634,21 @@ def detail_pairs(data: Path, seed: int, per_part: dict[str, int] | None = None) 
             made += 1
             detailed = with_detail(sentence, rng, places)
             rec.both(detailed, sentence, "entailment", "neutral", "added_detail", q)
+            rec.both(detailed, first, "entailment", "neutral", "added_detail+bare", q)
             rec.both(with_question(q, detailed), with_question(q, first), "entailment", "neutral",
                      "added_detail+question", q)
             rec.both(with_question(q, first), with_question(q, sentence), "entailment", "entailment",
                      "mixed_format+question", q)
-            wrong = swapped_values(v, {normalize(a) for a in answers}, rng, n=1)
-            other = sentence_answer(q, wrong[0]) if wrong else None
-            if other and other != sentence:
-                rec.both(with_question(q, detailed), with_question(q, other), "contradiction", "contradiction",
-                         "added_detail_swap+question", q)
+            accepted = {normalize(a) for a in answers}
+            wrong = swapped_values(v, accepted, rng, n=1) if v.kind != "entity" else [
+                d for d in [distractor(q, first, accepted, pools, rng)] if d is not None]
+            if wrong:
+                rec.both(detailed, wrong[0], "contradiction", "contradiction", "added_detail_swap+bare", q)
+                other = sentence_answer(q, wrong[0])
+                if other and other != sentence:
+                    rec.both(detailed, other, "contradiction", "contradiction", "added_detail_swap", q)
+                    rec.both(with_question(q, detailed), with_question(q, other), "contradiction", "contradiction",
+                             "added_detail_swap+question", q)
             if v.kind in ("number", "quantity") and v.number.is_integer() and 20 < v.number < 1_000_000:
                 words = number_in_words(int(v.number), british=rng.random() < 0.5)
                 spelled = first.replace(fmt_number(v.number), words) if fmt_number(v.number) in first else words
