@@ -203,6 +203,15 @@ def test_number_in_words_refuses_what_it_cannot_write() -> None:
         ad.number_in_words(1_000_000)
 
 
+def test_a_dated_answer_gets_a_detail_without_a_year() -> None:
+    rng = random.Random(0)
+    details = [ad.with_detail("The wall fell in 1989.", rng, ["Berlin"], dated=True) for _ in range(60)]
+    assert all(re.findall(r"\d{4}", d) == ["1989"] for d in details)
+    assert {d.removeprefix("The wall fell in 1989")[:5] for d in details} == {" in B", ", acc"}  # places and sources
+    undated = {ad.with_detail("The wall fell.", rng, ["Berlin"]) for _ in range(60)}
+    assert any(re.search(r"\d{4}", d) for d in undated)  # other answers may get a year
+
+
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
 def test_detail_pairs_label_the_detailed_answer_as_implying_the_plain_one() -> None:
     rows = ad.detail_pairs(SHARED_DATA, 0, {"train": 60, "dev": 10, "test": 20})

@@ -592,9 +592,10 @@ def number_in_words(n: int, british: bool = False) -> str:
         (" and " if british and rest < 100 else " ") + number_in_words(rest, british)))
 
 
-def with_detail(sentence: str, rng: random.Random, places: list[str]) -> str:
-    """``sentence`` with one detail of :data:`DETAILS` added before its final full stop."""
-    detail = rng.choice(DETAILS).format(year=rng.randint(1700, 2023), place=rng.choice(places),
+def with_detail(sentence: str, rng: random.Random, places: list[str], dated: bool = False) -> str:
+    """``sentence`` with one detail of :data:`DETAILS` added before its final full stop; ``dated`` (the answer is a
+    year or a date): a detail without a year, since a second year reads as another answer to the question."""
+    detail = rng.choice([d for d in DETAILS if "{year}" not in d] if dated else DETAILS).format(year=rng.randint(1700, 2023), place=rng.choice(places),
                                         source=rng.choice(SOURCES))
     return sentence[:-1] + detail + "."
 
@@ -632,7 +633,7 @@ def detail_pairs(data: Path, seed: int, per_part: dict[str, int] | None = None) 
             if sentence is None or len(first) > 60:
                 continue
             made += 1
-            detailed = with_detail(sentence, rng, places)
+            detailed = with_detail(sentence, rng, places, dated=v.kind in ("year", "date", "month_year"))
             rec.both(detailed, sentence, "entailment", "neutral", "added_detail", q)
             rec.both(detailed, first, "entailment", "neutral", "added_detail+bare", q)
             rec.both(with_question(q, detailed), with_question(q, first), "entailment", "neutral",
