@@ -127,8 +127,7 @@ class GroundingPlan:
     granularity: str
     threshold: float
     align_units: bool = False
-    contradiction_threshold: float | None = WindowPolicy().contradiction_threshold
-    fallback: str = WindowPolicy().fallback
+    window_policy: WindowPolicy = WindowPolicy()  # the engine's: its contradiction bar and fallback decide a source
 
     @functools.cached_property
     def pairs(self) -> list[tuple[str, str]]:
@@ -199,8 +198,7 @@ def plan_grounding(statements: str | Sequence[str], documents: Sequence[Any], en
         threshold = _default_threshold(engine, len(sources))
     aligned = resolve_align_units(align_units, model_aligns_units(engine))
     policy = getattr(getattr(engine, "window_planner", None), "policy", None) or WindowPolicy()
-    return GroundingPlan(texts, sources, owners, granularity, threshold, aligned, policy.contradiction_threshold,
-                         policy.fallback)
+    return GroundingPlan(texts, sources, owners, granularity, threshold, aligned, policy)
 
 
 def finish_grounding(plan: GroundingPlan, probs: np.ndarray, labels: Sequence[str] = CANONICAL_LABELS
@@ -221,8 +219,9 @@ def finish_grounding(plan: GroundingPlan, probs: np.ndarray, labels: Sequence[st
     e = P[:, :, ENTAILMENT_COLUMN]
     rows = np.arange(n_s)
     if n_u:
-        best = deciding_rows(probs, np.arange(n_s + 1) * n_u, plan.threshold, plan.contradiction_threshold,
-                             plan.fallback) - rows * n_u
+        policy = plan.window_policy
+        best = deciding_rows(probs, np.arange(n_s + 1) * n_u, plan.threshold, policy.contradiction_threshold,
+                             policy.fallback) - rows * n_u
     else:
         best = np.full(n_s, -1, dtype=np.int64)
     entailment = e.max(axis=1).astype(np.float32) if n_u else np.zeros(n_s, dtype=np.float32)
