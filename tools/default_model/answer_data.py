@@ -570,6 +570,8 @@ def event_pairs(data: Path, seed: int, per_part: dict[str, int] | None = None) -
 
 #: details an answer may add that the other answer does not state: {year}, {place} or a source
 DETAILS = (" in {year}", " in {place}", ", according to {source}", " as of {year}", " by {year}")
+#: the details of :data:`DETAILS` that name no year (for answers that are a year or a date)
+UNDATED_DETAILS = tuple(d for d in DETAILS if "{year}" not in d)
 SOURCES = ("most sources", "official records", "historians", "the census", "the records", "the encyclopaedia")
 
 
@@ -595,8 +597,8 @@ def number_in_words(n: int, british: bool = False) -> str:
 def with_detail(sentence: str, rng: random.Random, places: list[str], dated: bool = False) -> str:
     """``sentence`` with one detail of :data:`DETAILS` added before its final full stop; ``dated`` (the answer is a
     year or a date): a detail without a year, since a second year reads as another answer to the question."""
-    detail = rng.choice([d for d in DETAILS if "{year}" not in d] if dated else DETAILS).format(year=rng.randint(1700, 2023), place=rng.choice(places),
-                                        source=rng.choice(SOURCES))
+    detail = rng.choice(UNDATED_DETAILS if dated else DETAILS).format(
+        year=rng.randint(1700, 2023), place=rng.choice(places), source=rng.choice(SOURCES))
     return sentence[:-1] + detail + "."
 
 
@@ -641,11 +643,13 @@ def detail_pairs(data: Path, seed: int, per_part: dict[str, int] | None = None) 
             rec.both(with_question(q, first), with_question(q, sentence), "entailment", "entailment",
                      "mixed_format+question", q)
             accepted = {normalize(a) for a in answers}
-            wrong = swapped_values(v, accepted, rng, n=1) if v.kind != "entity" else [
-                d for d in [distractor(q, first, accepted, pools, rng)] if d is not None]
-            if wrong:
-                rec.both(detailed, wrong[0], "contradiction", "contradiction", "added_detail_swap+bare", q)
-                other = sentence_answer(q, wrong[0])
+            if v.kind == "entity":
+                wrong = distractor(q, first, accepted, pools, rng)
+            else:
+                wrong = next(iter(swapped_values(v, accepted, rng, n=1)), None)
+            if wrong is not None:
+                rec.both(detailed, wrong, "contradiction", "contradiction", "added_detail_swap+bare", q)
+                other = sentence_answer(q, wrong)
                 if other and other != sentence:
                     rec.both(detailed, other, "contradiction", "contradiction", "added_detail_swap", q)
                     rec.both(with_question(q, detailed), with_question(q, other), "contradiction", "contradiction",
