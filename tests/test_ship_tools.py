@@ -194,6 +194,14 @@ def test_card_rebuilds_a_two_stage_model_with_runnable_commands(tmp_path: Path) 
     text = ship.rebuild_text(third)
     assert "--out /tmp/default-nli-3 --base /tmp/default-nli-2`" in text and "--base /tmp/default-nli-1`" in text
     assert "\n4. `python -m tools.default_model.ship --checkpoint /tmp/default-nli-3` (it evaluates" in text
+    assert ship.interpolation_text(third) == ""
+    mixed = {**third, "interpolated": {"alpha": 0.5}}  # interpolate.py's record in the mixed checkpoint's log
+    text = ship.rebuild_text(mixed)
+    assert ("\n4. `python -m tools.default_model.interpolate --base /tmp/default-nli-2 --tuned /tmp/default-nli-3 "
+            "--alpha 0.5 --out /tmp/default-nli-3-mix`\n5. `python -m tools.default_model.ship --checkpoint "
+            "/tmp/default-nli-3-mix` (it evaluates") in text
+    assert "(1 - 0.5) x the weights stage 3 started from + 0.5 x the checkpoint it trained" in \
+        ship.interpolation_text(mixed)
 
 
 def test_rebuild_restores_a_teacher_from_the_commit_that_shipped_it() -> None:
@@ -350,6 +358,38 @@ def test_weights_delta_round_trip_is_within_float16_rounding_and_refuses_another
     save_file({k: v + 1 for k, v in base.items()}, tmp_path / "base" / "model.safetensors")
     with pytest.raises(ValueError, match=r"but the difference was taken from .*: rebuild that base first"):
         weights_delta.apply(tmp_path / "base", tmp_path / "parts", tmp_path / "other")
+
+
+def test_interpolate_mixes_weights_on_the_line_and_refuses_other_tensors(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file, save_file
+
+    from tools.default_model import interpolate
+
+    gen = torch.Generator().manual_seed(1)
+    base = {"w": torch.randn(8, 6, generator=gen), "ids": torch.arange(6).unsqueeze(0)}
+    tuned = {"w": torch.randn(8, 6, generator=gen), "ids": torch.arange(6).unsqueeze(0)}
+    for name, weights in (("base", base), ("tuned", tuned)):
+        (tmp_path / name).mkdir()
+        save_file(weights, tmp_path / name / "model.safetensors")
+    (tmp_path / "tuned" / "config.json").write_text('{"tuned": 1}')
+    (tmp_path / "tuned" / "training_log.json").write_text('{"best": {"step": 7}}')
+    for alpha in (0.0, 0.3, 1.0):
+        record = interpolate.interpolate(tmp_path / "base", tmp_path / "tuned", alpha, tmp_path / f"mix{alpha}")
+        mixed = load_file(tmp_path / f"mix{alpha}" / "model.safetensors")
+        torch.testing.assert_close(mixed["w"], base["w"] + alpha * (tuned["w"] - base["w"]), rtol=0, atol=1e-6)
+        assert torch.equal(mixed["ids"], base["ids"]) and mixed["ids"].dtype == torch.int64
+        assert record["alpha"] == alpha and (tmp_path / f"mix{alpha}" / "config.json").read_text() == '{"tuned": 1}'
+        log = json.loads((tmp_path / f"mix{alpha}" / "training_log.json").read_text())
+        assert log == {"best": {"step": 7}, "interpolated": record}  # ship renders the mix from it
+    with pytest.raises(ValueError, match=r"alpha=1.5: use a value in \[0, 1\]"):
+        interpolate.interpolate(tmp_path / "base", tmp_path / "tuned", 1.5, tmp_path / "bad")
+    save_file({"w": tuned["w"], "ids": tuned["ids"] + 1}, tmp_path / "tuned" / "model.safetensors")
+    with pytest.raises(ValueError, match="ids is an integer tensor that differs"):
+        interpolate.interpolate(tmp_path / "base", tmp_path / "tuned", 0.5, tmp_path / "bad")
+    save_file({"w": tuned["w"][:4]}, tmp_path / "tuned" / "model.safetensors")
+    with pytest.raises(ValueError, match="hold different tensors: mixing needs one architecture"):
+        interpolate.interpolate(tmp_path / "base", tmp_path / "tuned", 0.5, tmp_path / "bad")
 
 
 def _contradiction_table(scores: dict[str, tuple[float, float]]) -> dict[str, Any]:

@@ -629,10 +629,26 @@ def rebuild_text(t: dict[str, Any]) -> str:
         if i > 1:
             paths += ["--base", f"/tmp/default-nli-{i - 1}"]
         steps.append(f"{i}. {restore}{rows}, then `{training_command(stage['command'], paths + teacher)}`")
+    final = f"/tmp/default-nli-{len(stages)}"
+    if (mix := t.get("interpolated")) and len(stages) > 1:
+        steps.append(f"{len(stages) + 1}. `python -m tools.default_model.interpolate --base "
+                     f"/tmp/default-nli-{len(stages) - 1} --tuned {final} --alpha {mix['alpha']} --out {final}-mix`")
+        final += "-mix"
     return ("\nRebuild, from the repository root (every row file is the same byte for byte; its sha256 is in the "
-            "training log):\n\n" + "\n".join(steps) + f"\n{len(stages) + 1}. `python -m tools.default_model.ship "
-            f"--checkpoint /tmp/default-nli-{len(stages)}` (it evaluates on the answer rows of the default arguments, "
-            "as the CI gate does)\n")
+            "training log):\n\n" + "\n".join(steps) + f"\n{len(steps) + 1}. `python -m tools.default_model.ship "
+            f"--checkpoint {final}` (it evaluates on the answer rows of the default arguments, as the CI gate does)\n")
+
+
+def interpolation_text(t: dict[str, Any]) -> str:
+    """The model card's sentence on a checkpoint mixed with the weights its last stage started from
+    (``tools/default_model/interpolate.py``; empty for a trained checkpoint as it is)."""
+    if not (mix := t.get("interpolated")):
+        return ""
+    n, a = len(training_stages(t)), mix["alpha"]
+    return (f"\nThe shipped weights are (1 - {a}) x the weights stage {n} started from + {a} x the checkpoint it "
+            "trained, weight by weight (`tools/default_model/interpolate.py`; weight-space ensembling keeps most of "
+            f"what the stage teaches and loses less of what stage {n - 1} knew). The training-time figures below are "
+            "the trained checkpoint's, before the mix.\n")
 
 
 def record_rows_builds(training: dict[str, Any]) -> None:
@@ -972,7 +988,7 @@ mnli/dev_matched, so `lingnli/val[unseen-premise]` is given too).
 
 {recipe_lines(t["recipe"])}
 {distillation_text(t["recipe"].get("teacher_engine"))}
-{rebuild_text(t)}
+{rebuild_text(t)}{interpolation_text(t)}
 
 Stopped: {t["stop_reason"]}; best step {best["step"]} (epoch {best["epoch"]}); {wall_time_text(t)}
 on {t["platform"] if isinstance(t["platform"], str) else json.dumps(t["platform"])}.
