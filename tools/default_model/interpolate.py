@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fastnli.engine.manifest import sha256_file
-from tools.default_model.weights_delta import SMALL_FILES, WEIGHTS
+from tools.default_model.weights_delta import SMALL_FILES, WEIGHTS, require_same_tensors
 
 RECORD = "interpolate.json"
 #: the train tool's record of a checkpoint (``ship`` reads it)
@@ -42,8 +42,7 @@ def interpolate(base: Path, tuned: Path, alpha: float, out: Path) -> dict[str, A
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha={alpha}: use a value in [0, 1] (0: the base, 1: the tuned checkpoint)")
     base_w, tuned_w = load_file(base / WEIGHTS), load_file(tuned / WEIGHTS)
-    if base_w.keys() != tuned_w.keys() or any(base_w[k].shape != tuned_w[k].shape for k in base_w):
-        raise ValueError(f"{tuned} and {base} hold different tensors: mixing needs one architecture")
+    require_same_tensors(base_w, tuned_w, base, tuned, "mixing needs one architecture")
     mixed: dict[str, torch.Tensor] = {}
     for name, b in base_w.items():
         t = tuned_w[name]

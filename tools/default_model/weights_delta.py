@@ -24,6 +24,7 @@ import json
 import math
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,13 @@ SMALL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "specia
                "training_log.json")
 
 
+def require_same_tensors(base_w: Mapping[str, Any], other_w: Mapping[str, Any], base: Path, other: Path,
+                         why: str) -> None:
+    """Refuse two weight sets that do not hold the same tensor names and shapes (``why``: what needs them equal)."""
+    if base_w.keys() != other_w.keys() or any(base_w[k].shape != other_w[k].shape for k in base_w):
+        raise ValueError(f"{other} and {base} hold different tensors: {why}")
+
+
 def pack(base: Path, checkpoint: Path, out: Path, part_mib: float = 15.0) -> dict[str, Any]:
     """Write the float16 difference ``checkpoint - base`` in parts of at most ``part_mib`` MiB to ``out``, with its
     record and the checkpoint's small files; returns the record."""
@@ -43,8 +51,7 @@ def pack(base: Path, checkpoint: Path, out: Path, part_mib: float = 15.0) -> dic
     from safetensors.torch import load_file, save
 
     base_w, cand_w = load_file(base / WEIGHTS), load_file(checkpoint / WEIGHTS)
-    if base_w.keys() != cand_w.keys() or any(base_w[k].shape != cand_w[k].shape for k in base_w):
-        raise ValueError(f"{checkpoint} and {base} hold different tensors: a difference needs the same architecture")
+    require_same_tensors(base_w, cand_w, base, checkpoint, "a difference needs the same architecture")
     delta = {k: (cand_w[k].float() - base_w[k].float()).half().contiguous() for k in cand_w}
     error = max((float((base_w[k].float() + delta[k].float() - cand_w[k].float()).abs().max()) for k in cand_w),
                 default=0.0)
