@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from fastnli.engine.manifest import sha256_file
+from tools.default_model.train import TRAINING_LOG
 from tools.default_model.weights_delta import SMALL_FILES, WEIGHTS, require_same_tensors
 
 RECORD = "interpolate.json"
-#: the train tool's record of a checkpoint (``ship`` reads it)
-LOG = "training_log.json"
 
 
 def interpolate(base: Path, tuned: Path, alpha: float, out: Path) -> dict[str, Any]:
@@ -55,15 +54,15 @@ def interpolate(base: Path, tuned: Path, alpha: float, out: Path) -> dict[str, A
     out.mkdir(parents=True, exist_ok=True)
     save_file(mixed, out / WEIGHTS, metadata={"format": "pt"})
     for name in SMALL_FILES:
-        if (tuned / name).is_file() and name != LOG:
+        if (tuned / name).is_file() and name != TRAINING_LOG:
             shutil.copy2(tuned / name, out / name)
     record = {"alpha": alpha, "base": str(base), "base_sha256": sha256_file(base / WEIGHTS), "tuned": str(tuned),
               "tuned_sha256": sha256_file(tuned / WEIGHTS)}
     (out / RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    if (tuned / LOG).is_file():
-        log = json.loads((tuned / LOG).read_text(encoding="utf-8"))
+    if (tuned / TRAINING_LOG).is_file():
+        log = json.loads((tuned / TRAINING_LOG).read_text(encoding="utf-8"))
         log["interpolated"] = record
-        (out / LOG).write_text(json.dumps(log, indent=2) + "\n", encoding="utf-8")
+        (out / TRAINING_LOG).write_text(json.dumps(log, indent=2) + "\n", encoding="utf-8")
     return record
 
 

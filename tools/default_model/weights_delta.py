@@ -29,12 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from fastnli.engine.manifest import sha256_file
+from tools.default_model.train import TRAINING_LOG
 
 WEIGHTS = "model.safetensors"
 RECORD = "delta.json"
 #: the checkpoint's files besides its weights that travel with the difference (those that exist)
 SMALL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-               "training_log.json")
+               TRAINING_LOG)
 
 
 def require_same_tensors(base_w: Mapping[str, Any], other_w: Mapping[str, Any], base: Path, other: Path,
