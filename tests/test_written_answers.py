@@ -15,6 +15,7 @@ from fastnli.engine import CallStats
 from tools.default_model import ship, written_answers
 
 QUESTIONS = written_answers.read_questions()
+HELDOUT = written_answers.read_questions(written_answers.HELDOUT)
 
 
 class KnowingEngine:
@@ -22,8 +23,8 @@ class KnowingEngine:
 
     device, precision = "cpu", "fp32"
 
-    def __init__(self, wrong: bool = False) -> None:
-        self.incorrect = {a for q in QUESTIONS for a in q["incorrect"]}
+    def __init__(self, wrong: bool = False, questions: list[dict[str, Any]] = QUESTIONS) -> None:
+        self.incorrect = {a for q in questions for a in q["incorrect"]}
         self.wrong = wrong
 
     def predict_with_stats(self, pairs: list[tuple[str, str]], progress: object = None
@@ -37,15 +38,22 @@ class KnowingEngine:
         return np.array(out, dtype=np.float32), CallStats(pairs_in=len(pairs), unique_pairs=len(set(pairs)))
 
 
-def test_the_questions_are_well_formed() -> None:
-    assert len(QUESTIONS) == 59
-    assert len({q["question"] for q in QUESTIONS}) == len(QUESTIONS)
-    for q in QUESTIONS:
+@pytest.mark.parametrize(("questions", "count"), [(QUESTIONS, 59), (HELDOUT, 45)], ids=["main", "heldout"])
+def test_the_questions_are_well_formed(questions: list[dict[str, Any]], count: int) -> None:
+    assert len(questions) == count
+    assert len({q["question"] for q in questions}) == len(questions)
+    for q in questions:
         assert set(q) == {"question", "correct", "incorrect"}
         assert len(q["correct"]) == len(q["incorrect"]) == 3
         answers = q["correct"] + q["incorrect"]
         assert all(isinstance(a, str) and a.strip() == a and a for a in answers)
         assert len(set(answers)) == 6  # no answer is both correct and incorrect, none repeats
+
+
+def test_the_held_out_questions_and_answers_are_not_in_the_main_set() -> None:
+    assert not {q["question"] for q in QUESTIONS} & {q["question"] for q in HELDOUT}
+    main = {(q["question"], a) for q in QUESTIONS for a in q["correct"] + q["incorrect"]}
+    assert not main & {(q["question"], a) for q in HELDOUT for a in q["correct"] + q["incorrect"]}
 
 
 def test_pairs_are_every_two_correct_and_every_correct_incorrect() -> None:
@@ -81,9 +89,29 @@ def test_card_section_renders_the_record_before_and_now() -> None:
     assert "| question | 12 / 36 | 0.000 / 1.000 | 0.000 / 1.000 | 0.000 / 1.000 | 0.000 / 1.000 |" in text
     a, b, score = now["question"]["lowest_agreeing"][0]
     assert f'"{a}" / "{b}" {score:.2f}' in text
+    assert "Held out" not in text
     written_answers.record(quality, now)  # no model before: its cells say so
     assert "| bare | 12 / 36 | n/a / 1.000 |" in ship.written_text(quality)
     json.dumps(quality)  # the record is plain JSON
+
+
+def test_card_section_renders_the_held_out_questions_apart() -> None:
+    now = written_answers.evaluate(QUESTIONS[:4], KnowingEngine())  # type: ignore[arg-type]
+    heldout = written_answers.heldout_figures(KnowingEngine(questions=HELDOUT),  # type: ignore[arg-type]
+                                              KnowingEngine(wrong=True, questions=HELDOUT))  # type: ignore[arg-type]
+    assert {r["questions"] for r in heldout["now"].values()} == {len(HELDOUT)}
+    quality: dict[str, Any] = {}
+    written_answers.record(quality, now, heldout=heldout)
+    text = ship.written_text(quality)
+    main, held = text.split("Held out: ")
+    assert "| question | 12 / 36 | n/a / 1.000 |" in main
+    assert held.startswith(f"{len(HELDOUT)} more questions")
+    before, now_q = heldout["before"]["question"], heldout["now"]["question"]  # "12" is right for one question,
+    assert "| question | 135 / 405 | " + " | ".join(  # wrong for another: the test engine's verdicts are not all right
+        f"{before[k]:.3f} / {now_q[k]:.3f}" for k in written_answers.FIGURES) + " |" in held
+    assert now_q["agreement_auroc"] > 0.95 > 0.05 > before["agreement_auroc"]
+    a, b, score = heldout["now"]["question"]["highest_disagreeing"][0]
+    assert f'"{a}" / "{b}" {score:.2f}' in held
 
 
 def test_int8_losses_name_the_forms_an_int8_graph_reads_worse() -> None:
@@ -146,12 +174,20 @@ def test_the_cli_records_what_it_measures_and_keeps_what_it_does_not(
     quality.write_text(json.dumps({"written_answers": {"now": "old", "before": "replaced", "fp32": "weights"}}))
     args = ["--model", str(tmp_path / "shipped"), "--quality", str(quality), "--write"]
 
+    heldout = {"now": figures("shipped", None)}
     assert written_answers.main(args) == 0
-    assert written[-1]["written_answers"] == {"now": figures("shipped", None), "before": "replaced", "fp32": "weights"}
+    assert written[-1]["written_answers"] == {"now": figures("shipped", None), "before": "replaced", "fp32": "weights",
+                                              "heldout": heldout}
     assert written_answers.main([*args, "--fp32", str(tmp_path / "fp32")]) == 0
     assert written[-1]["written_answers"] == {"now": figures("shipped", None), "before": "replaced",
-                                              "fp32": figures("fp32", True)}
+                                              "fp32": figures("fp32", True), "heldout": heldout}
     assert opened[-2:] == [("shipped", None), ("fp32", "fp32")]
+    assert written_answers.main([*args, "--before", str(tmp_path / "older")]) == 0  # both sets measure the older
+    assert written[-1]["written_answers"]["before"] == figures("older", None)
+    assert written[-1]["written_answers"]["heldout"] == {**heldout, "before": figures("older", None)}
+    quality.write_text(json.dumps({"written_answers": {"now": "old", "heldout": {"now": "old", "before": "kept"}}}))
+    assert written_answers.main(args) == 0  # the held-out figures of the model replaced are kept too
+    assert written[-1]["written_answers"]["heldout"] == {**heldout, "before": "kept"}
 
 
 def test_int8_losses_warn_once_with_the_advice(caplog: pytest.LogCaptureFixture) -> None:

@@ -881,17 +881,32 @@ def written_text(q: dict[str, Any]) -> str:
         return ""
     from tools.default_model.written_answers import FIGURES
 
-    before = w.get("before") or {}
-    lines = ["| inputs | pairs (agree / disagree) | " + " | ".join(f"{name} (before / now)" for name in FIGURES.values())
-             + " |", "|---|---|" + "---|" * len(FIGURES)]
-    for form, r in w["now"].items():
-        b = before.get(form, {})
-        lines.append(f"| {form} | {r['agreeing_pairs']} / {r['disagreeing_pairs']} | " + " | ".join(
-            f"{_figure(b.get(k))} / {_figure(r[k])}" for k in FIGURES) + " |")
-    q_now = w["now"].get("question") or next(iter(w["now"].values()))
+    def table(record: dict[str, Any]) -> str:
+        before = record.get("before") or {}
+        lines = ["| inputs | pairs (agree / disagree) | "
+                 + " | ".join(f"{name} (before / now)" for name in FIGURES.values()) + " |",
+                 "|---|---|" + "---|" * len(FIGURES)]
+        for form, r in record["now"].items():
+            b = before.get(form, {})
+            lines.append(f"| {form} | {r['agreeing_pairs']} / {r['disagreeing_pairs']} | " + " | ".join(
+                f"{_figure(b.get(k))} / {_figure(r[k])}" for k in FIGURES) + " |")
+        return "\n".join(lines)
 
-    def pairs(key: str) -> str:
+    def pairs(record: dict[str, Any], key: str) -> str:
+        q_now = record["now"].get("question") or next(iter(record["now"].values()))
         return "; ".join(f'"{a}" / "{b}" {score:.2f}' for a, b, score in q_now[key])
+
+    q_now = w["now"].get("question") or next(iter(w["now"].values()))
+    heldout = w.get("heldout")
+    heldout_text = "" if not heldout else f"""
+Held out: {next(iter(heldout["now"].values()))["questions"]} more questions of the same shape
+(`data/written_answers_heldout.jsonl`), written after stage 9 was chosen and read by no rule that chooses a model,
+recipe or setting:
+
+{table(heldout)}
+
+With the question, the disagreeing pairs of the highest pair score: {pairs(heldout, "highest_disagreeing")}.
+"""
 
     return f"""## Answers people wrote
 `tools/default_model/written_answers.py`: {q_now["questions"]} questions written for fastnli (not from a benchmark),
@@ -902,11 +917,11 @@ the model's default inputs. *Flagged*: P(contradiction) > 0.5 in either directio
 *wrong samples lower NCP*: the share of questions whose first correct answer gets a lower NCP from two incorrect
 samples than from the two other correct ones. {before_text(q)}
 
-{chr(10).join(lines)}
+{table(w)}
 
-With the question, the agreeing pairs of the lowest pair score: {pairs("lowest_agreeing")}; the disagreeing pairs of
-the highest: {pairs("highest_disagreeing")}.
-
+With the question, the agreeing pairs of the lowest pair score: {pairs(w, "lowest_agreeing")}; the disagreeing pairs of
+the highest: {pairs(w, "highest_disagreeing")}.
+{heldout_text}
 """
 
 
@@ -1130,7 +1145,8 @@ def main() -> None:
     written = {p: written_answers.evaluate(questions, engines[p], align_units=align) for p in ("int8", "fp32")}
     written_answers.record(quality, written["int8"],
                            written_answers.evaluate(questions, before_engine) if before_engine is not None else None,
-                           fp32=written["fp32"])
+                           fp32=written["fp32"],
+                           heldout=written_answers.heldout_figures(engines["int8"], before_engine, align))
     written_answers.warn_int8_losses(written["int8"], written["fp32"], "; try another --recipe")
     logger.info("mission (test part): %s", quality["mission"]["test"]["groups"])
     others = {p: eng for p, eng in engines.items() if p != "int8"}

@@ -23,6 +23,11 @@ correct response gets a lower NCP from two incorrect samples than from two corre
 ``--write`` replaces the figures it measures and keeps the recorded ones it does not (the model replaced, without
 ``--before``; the fp32 weights, without ``--fp32``).
 
+``data/written_answers_heldout.jsonl`` holds 45 more questions of the same shape, written after stage 9 of the default
+model was chosen and read by no rule that chooses a model, recipe or setting: the held-out check of these figures.
+``ship`` and ``--write`` measure it beside the main set (the shipped model and the one it replaced) and record it as
+``heldout``.
+
 ``ship`` records these figures for every model it ships, beside those of the model it replaces.
 """
 
@@ -43,6 +48,8 @@ from fastnli.scorers import score
 from tools.default_model.mission_eval import auroc
 
 DATA = Path(__file__).parent / "data" / "written_answers.jsonl"
+#: questions no choosing rule reads (the module docstring)
+HELDOUT = DATA.with_name("written_answers_heldout.jsonl")
 FORMS = ("bare", "question")
 #: the figures per input form and their names in tables, in the tables' order
 FIGURES = {"agreement_auroc": "agreement AUROC", "disagreeing_flagged": "disagreeing pairs flagged",
@@ -120,11 +127,23 @@ INT8_AUROC_TOLERANCE = 0.01
 
 
 def record(quality: dict[str, Any], now: dict[str, dict[str, Any]],
-           before: dict[str, dict[str, Any]] | None = None, fp32: dict[str, dict[str, Any]] | None = None) -> None:
+           before: dict[str, dict[str, Any]] | None = None, fp32: dict[str, dict[str, Any]] | None = None,
+           heldout: dict[str, dict[str, dict[str, Any]]] | None = None) -> None:
     """Put the figures of the shipped model (``now``), of the one it replaced (``before``) and of the shipped
-    model's own fp32 weights (``fp32``) in ``quality``."""
+    model's own fp32 weights (``fp32``) in ``quality``; ``heldout`` holds the held-out questions' figures of the
+    shipped model and of the one it replaced (``{"now": ..., "before": ...}``)."""
     quality["written_answers"] = {"now": now, **({"before": before} if before is not None else {}),
-                                  **({"fp32": fp32} if fp32 is not None else {})}
+                                  **({"fp32": fp32} if fp32 is not None else {}),
+                                  **({"heldout": heldout} if heldout is not None else {})}
+
+
+def heldout_figures(engine: NLIEngine, before: NLIEngine | None = None,
+                    align_units: bool | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """The held-out questions' figures (:data:`HELDOUT`) of ``engine`` (``now``, with ``align_units``) and of the
+    model it replaced (``before``, with its own manifest's alignment)."""
+    questions = read_questions(HELDOUT)
+    return {"now": evaluate(questions, engine, align_units=align_units),
+            **({"before": evaluate(questions, before)} if before is not None else {})}
 
 
 def int8_losses(int8: dict[str, dict[str, Any]], fp32: dict[str, dict[str, Any]],
@@ -156,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     log_progress()
     questions = read_questions(args.questions)
     engine = NLIEngine.from_pretrained(args.model, device="cpu")
+    before_engine = None if args.before is None else NLIEngine.from_pretrained(args.before, device="cpu")
     now = evaluate(questions, engine)
-    before = None if args.before is None else evaluate(questions, NLIEngine.from_pretrained(args.before, device="cpu"))
+    before = None if before_engine is None else evaluate(questions, before_engine)
     fp32 = None if args.fp32 is None else evaluate(
         questions, NLIEngine.from_pretrained(args.fp32, device="cpu", precision="fp32"),
         align_units=engine.manifest.align_units)
@@ -169,8 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         quality = json.loads(args.quality.read_text())
         kept = quality.get("written_answers", {})
+        heldout = heldout_figures(engine, before_engine)
+        if before_engine is None and "before" in kept.get("heldout", {}):
+            heldout["before"] = kept["heldout"]["before"]
         record(quality, now, before if before is not None else kept.get("before"),
-               fp32 if fp32 is not None else kept.get("fp32"))
+               fp32 if fp32 is not None else kept.get("fp32"), heldout)
         record_shipped(args.model, args.quality, quality)
     sys.stdout.write(render(now) + "\n")
     return 0
