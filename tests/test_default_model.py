@@ -85,12 +85,16 @@ def test_mission_gate(engine: NLIEngine) -> None:
                 assert abs(groups[form][name] - value) <= ACCURACY_MARGIN, (key, form, name, groups[form][name], value)
 
 
-def test_written_answers_gate(engine: NLIEngine) -> None:
-    """Answers people wrote (tools/default_model/written_answers.py): the shipped figures, per input form."""
+@pytest.mark.parametrize("part", ["main", "heldout"])
+def test_written_answers_gate(engine: NLIEngine, part: str) -> None:
+    """Answers people wrote (tools/default_model/written_answers.py), the main and the held-out questions: the shipped
+    figures, per input form."""
     from tools.default_model import written_answers
 
-    recorded = QUALITY["written_answers"]["now"]
-    result = written_answers.evaluate(written_answers.read_questions(), engine)
+    record = QUALITY["written_answers"]
+    recorded = record["now"] if part == "main" else record["heldout"]["now"]
+    path = written_answers.DATA if part == "main" else written_answers.HELDOUT
+    result = written_answers.evaluate(written_answers.read_questions(path), engine)
     for form, figures in recorded.items():
         for name in written_answers.FIGURES:
             assert abs(result[form][name] - figures[name]) <= ACCURACY_MARGIN, (form, name, result[form][name])
