@@ -11,7 +11,7 @@ on dev data only:
 - ``mission``: the dev part of ``answer_data`` (``--rows``), units read as the reading model does: per input form
   value swaps flagged, flagged both ways and meaning kept both ways; per filler length of the long premises,
   entailment and neutral kept and false entailment;
-- ``documents`` (with ``--documents``: about 10 minutes per candidate on 2 cores): the dev score of
+- ``documents`` (with ``--documents``: about 3 more minutes per candidate on 2 cores): the dev score of
   ``contradiction_choice`` for the reading model's fallback and contradiction bar.
 
 Writes ``candidates.json`` (every figure) and ``candidates.md`` (a table: each candidate's figure and its difference
