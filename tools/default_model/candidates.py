@@ -30,8 +30,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from fastnli.engine import NLIEngine
 from fastnli.engine.manifest import MANIFEST_NAME
 from tools.default_model import contradiction_choice, mission_eval, ship, written_answers
@@ -61,9 +59,7 @@ def figures(artifact: Path, rows: list[dict[str, Any]], data: Path, documents: b
     engine = NLIEngine(artifact, device="cpu", precision="fp32")
     out: dict[str, float] = {}
     for split, split_rows in ship.load_splits(data, NLI_SPLITS).items():
-        probs = engine.predict([(r["premise"], r["hypothesis"]) for r in split_rows])
-        gold = np.array([ship.LABELS.index(r["label"]) for r in split_rows])
-        out[f"nli: {split}"] = float(np.mean(probs.argmax(1) == gold))
+        out[f"nli: {split}"] = ship.evaluate(engine, split_rows)[0]
     written = written_answers.evaluate(written_answers.read_questions(), engine)
     out.update({f"written: {name} {form}": float(r[name]) for form, r in written.items() for name in WRITTEN})
     mission = mission_eval.evaluate(rows, mission_eval.row_probs(engine.predict, rows,
