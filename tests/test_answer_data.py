@@ -132,6 +132,23 @@ def test_evaluate_reads_each_category_by_its_rule() -> None:
     assert res["groups"]["bare"]["agreement_auroc"] == 1.0
 
 
+def test_evaluate_reads_place_swaps_apart_from_the_value_swaps() -> None:
+    """Another city of the same place is its own group: it moves neither the value swaps nor their AUROC."""
+    rows: list[dict] = []
+    rec = ad.Rows("test", "t", rows)
+    rec.both("1989", "1991", "contradiction", "contradiction", "year_swap")
+    rec.both("1989", "In 1989.", "entailment", "entailment", "format_variant")
+    rec.both("Oslo", "Bergen", "contradiction", "contradiction", "place_swap")
+    rec.both("Oslo", "Norway's capital is Oslo.", "entailment", "entailment", "place_format+bare")
+    c, e = [0.9, 0.05, 0.05], [0.0, 0.1, 0.9]
+    probs = np.array([c, c, e, e, c, e, e, e])  # the city swap flagged one way only
+    res = evaluate(rows, probs)
+    bare = res["groups"]["bare"]
+    assert (bare["value_swaps"], bare["value_swaps_both_ways"], bare["agreement_auroc"]) == (1.0, 1.0, 1.0)
+    assert (bare["place_swaps"], bare["place_swaps_both_ways"]) == (1.0, 0.0)
+    assert res["groups"]["+bare"] == {"place_kept": 1.0}
+
+
 def test_evaluate_reports_each_gold_label_kept_in_long_premises() -> None:
     """Long premises: accuracy, each gold label's share predicted so, and false entailment without the evidence."""
     def row(label: str, category: str) -> dict:
@@ -245,9 +262,62 @@ def test_detail_rows_join_the_train_part_only_when_asked() -> None:
     assert added and {r["source"] for r in added} == {"answers/detail"} and {r["part"] for r in added} == {"train"}
 
 
+def test_place_pairs_swap_cities_of_one_place_and_keep_the_right_one_in_other_words() -> None:
+    places = {p.name: p for p in ad.read_places()}
+    rows = ad.place_pairs(0)
+    pairs = both_directions(rows)
+    assert {len(p) for p in pairs} == {2} and all(r["source"] == "answers/places" for r in rows)
+    assert_one_part_per_question(rows)
+    assert {r["part"] for r in rows} == set(ad.PARTS)
+    for a, b in pairs:
+        assert a["category"] == b["category"] and a["label"] == b["label"]  # both ways
+        base = a["category"].split("+")[0]
+        assert a["label"] == {"place_swap": "contradiction", "place_format": "entailment"}[base]
+        place = places[re.sub(r"^What is the (capital of|largest city in) (.+)\?$", r"\2", a["question"])]
+        capital = a["question"].startswith("What is the capital")
+        right = place.capital if capital or place.largest == "-" else place.largest
+        named = [c for c in (place.capital, place.largest, *place.others) if c not in "-?" and c in a["premise"]]
+        if a["category"] == "place_swap":  # bare: the right city against another of the same place
+            assert right in (a["premise"], a["hypothesis"]) and a["premise"] != a["hypothesis"]
+        if base == "place_format":
+            assert right in a["premise"] and right in a["hypothesis"] and a["premise"] != a["hypothesis"]
+        assert named, a
+    # no place of the written-answer sets: they measure what the place rows teach on places no row names
+    written = " ".join((Path(ad.__file__).parent / "data" / name).read_text(encoding="utf-8")
+                       for name in ("written_answers.jsonl", "written_answers_heldout.jsonl"))
+    for question in {r["question"] for r in rows}:
+        place = re.sub(r"^What is the (capital of|largest city in) (.+)\?$", r"\2", question)
+        assert f"capital of {place}?" not in written and f"largest city in {place}?" not in written
+    assert "the capital of Australia?" in written  # the check above reads the sets it should
+    capped = ad.place_pairs(0, {"train": 5})
+    assert len({r["pair_id"] for r in capped if r["part"] == "train"}) == 5
+    assert [r for r in capped if r["part"] != "train"] == [r for r in rows if r["part"] != "train"]
+
+
+def test_a_place_without_a_known_largest_city_is_asked_only_for_its_capital() -> None:
+    asked = ad.place_questions(ad.Place("Ruritania", "Strelsau", "?", ("Zenda",)))
+    assert asked == [("What is the capital of Ruritania?", "Strelsau", ("Zenda",), ad.CAPITAL_SENTENCES)]
+    asked = ad.place_questions(ad.Place("Ruritania", "Strelsau", "Zenda", ("Hentzau",)))
+    assert [(q, r, w) for q, r, w, _ in asked] == [
+        ("What is the capital of Ruritania?", "Strelsau", ("Zenda", "Hentzau")),
+        ("What is the largest city in Ruritania?", "Zenda", ("Strelsau", "Hentzau"))]
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
+def test_place_rows_join_the_train_part_only_when_asked() -> None:
+    plain = ad.build(SHARED_DATA, long_train=0, train_cap=50, event_train=20)
+    more = ad.build(SHARED_DATA, long_train=0, train_cap=50, event_train=20, place_train=30)
+    assert more["dev"] == plain["dev"] and more["test"] == plain["test"]  # the evaluation does not move
+    assert {r["source"] for r in plain["test"]} >= {"answers/places"}  # ... and always measures the places
+    assert more["train"][: len(plain["train"])] == plain["train"]
+    added = more["train"][len(plain["train"]):]
+    assert len(added) == 60 and {r["source"] for r in added} == {"answers/places"}
+
+
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
 def test_the_build_record_rebuilds_the_same_rows(tmp_path: Path) -> None:
-    args = ["--long-train", "50", "--event-train", "10", "--long-statement-share", "0.5", "--window-train", "20"]
+    args = ["--long-train", "50", "--event-train", "10", "--long-statement-share", "0.5", "--window-train", "20",
+            "--place-train", "30"]
     assert ad.main(["--data", str(SHARED_DATA), "--out", str(tmp_path / "a"), *args]) == 0
     record = json.loads((tmp_path / "a" / ad.BUILD_RECORD).read_text())
     sha = record["sha256"]["train.jsonl"]

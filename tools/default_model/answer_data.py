@@ -42,6 +42,9 @@ LONG_EVAL_SOURCE = "snli/dev"
 VALUE_SWAPS = ("year_swap", "date_swap", "number_swap", "quantity_swap", "unit_swap", "entity_swap",
                "sentence_number_swap", "negation", "event_year_swap", "event_date_swap")
 MEANING_KEPT = ("format_variant", "alias", "unit_equivalent", "sentence_format", "event_format")
+# another city of the same place against the right one, and the right one in other words: measured on their own
+PLACE_SWAPS = ("place_swap",)
+PLACE_KEPT = ("place_format",)
 ONE_WAY = ("more_specific", "event_more_specific")  # specific -> general: entailment; general -> specific: neutral
 
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
@@ -675,6 +678,95 @@ def detail_pairs(data: Path, seed: int, per_part: dict[str, int] | None = None) 
     return out
 
 
+PLACES_FILE = Path(__file__).resolve().parent / "data" / "places.tsv"
+CAPITAL_SENTENCES = ("The capital of {place} is {city}.", "{city} is the capital of {place}.",
+                     "{Place}'s capital is {city}.")
+LARGEST_SENTENCES = ("The largest city in {place} is {city}.", "{city} is the largest city in {place}.",
+                     "{Place}'s largest city is {city}.")
+
+
+@dataclass(frozen=True)
+class Place:
+    """One row of :data:`PLACES_FILE`: a country, U.S. state or U.K. nation, its capital, its largest city (``"-"``:
+    the capital; ``"?"``: not asked) and other large cities."""
+
+    name: str
+    capital: str
+    largest: str
+    others: tuple[str, ...]
+
+
+def read_places(path: Path = PLACES_FILE) -> list[Place]:
+    """The places of ``path`` (tab-separated, ``#`` comments), in file order."""
+    places = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, capital, largest, others = line.split("\t")
+            places.append(Place(name, capital, largest, tuple(o for o in others.split(";") if o)))
+    return places
+
+
+#: a question about a place: (question, right answer, wrong answers, sentence templates)
+PlaceQuestion = tuple[str, str, tuple[str, ...], tuple[str, ...]]
+
+
+def place_questions(place: Place) -> list[PlaceQuestion]:
+    """The questions of a place: its capital, and its largest city where the file names one (``"-"``: the capital is
+    the largest), each with its right answer, the other cities as wrong answers and its sentence templates."""
+    wrong = tuple(c for c in ((place.largest,) if place.largest not in "-?" else ()) + place.others)
+    out: list[PlaceQuestion] = [(f"What is the capital of {place.name}?", place.capital, wrong, CAPITAL_SENTENCES)]
+    if place.largest != "?":
+        largest = place.capital if place.largest == "-" else place.largest
+        wrong = tuple(c for c in (place.capital, *place.others) if c != largest)
+        out.append((f"What is the largest city in {place.name}?", largest, wrong, LARGEST_SENTENCES))
+    return out
+
+
+def _say(template: str, place: Place, city: str) -> str:
+    return template.format(place=place.name, Place=place.name[0].upper() + place.name[1:], city=city)
+
+
+def place_pairs(seed: int, per_part: dict[str, int] | None = None, path: Path = PLACES_FILE) -> list[dict[str, Any]]:
+    """Answers that name another city of the same place, the near miss a 6-layer model reads as agreeing ("Sydney"
+    for the capital of Australia), per part by place (:func:`part_of` of its name), from :data:`PLACES_FILE`:
+
+    - ``place_swap``: the right city against another city of the same place, contradiction both ways: bare, both in
+      a sentence (``+sentence``), one bare and one in a sentence (``+bare``), with the question (``+question``);
+    - ``place_format``: the right city bare, in a sentence and in another sentence, entailment both ways (the same
+      forms), so that the swap rows do not teach that a sentence about a capital disagrees with its bare answer.
+
+    ``per_part`` caps the pairs drawn per part (default: all of them)."""
+    rng = random.Random(seed + 13)
+    by_part: dict[str, list[dict[str, Any]]] = {p: [] for p in PARTS}
+    recs = {p: Rows(p, "answers/places", by_part[p]) for p in PARTS}
+    for place in read_places(path):
+        rec = recs[part_of(f"place:{place.name}")]
+        for question, right, wrong, templates in place_questions(place):
+            t1, t2 = rng.sample(templates, 2)
+            rec.both(right, _say(t1, place, right), "entailment", "entailment", "place_format+bare", question)
+            rec.both(_say(t1, place, right), _say(t2, place, right), "entailment", "entailment",
+                     "place_format+sentence", question)
+            rec.both(with_question(question, right), with_question(question, _say(t2, place, right)), "entailment",
+                     "entailment", "place_format+question", question)
+            for city in wrong:
+                t1, t2 = rng.choice(templates), rng.choice(templates)
+                rec.both(right, city, "contradiction", "contradiction", "place_swap", question)
+                rec.both(_say(t1, place, right), _say(t2, place, city), "contradiction", "contradiction",
+                         "place_swap+sentence", question)
+                a, b = (right, _say(t2, place, city)) if rng.random() < 0.5 else (_say(t1, place, right), city)
+                rec.both(a, b, "contradiction", "contradiction", "place_swap+bare", question)
+                rec.both(with_question(question, right), with_question(question, city), "contradiction",
+                         "contradiction", "place_swap+question", question)
+    out: list[dict[str, Any]] = []
+    for part, rows in by_part.items():
+        cap = (per_part or {}).get(part)
+        if cap is not None and 2 * cap < len(rows):
+            keep = set(rng.sample(sorted({r["pair_id"] for r in rows}), cap))
+            rows = [r for r in rows if r["pair_id"] in keep]
+        out += rows
+    return out
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Long premises
 
@@ -823,15 +915,17 @@ def cap_per_category(rows: list[dict[str, Any]], cap: int, seed: int) -> list[di
 
 
 def build(data: Path, seed: int = 0, long_train: int = 9000, train_cap: int = 2000, event_train: int = 1500,
-          long_statement_share: float = 0.25, window_train: int = 0, detail_train: int = 0
+          long_statement_share: float = 0.25, window_train: int = 0, detail_train: int = 0, place_train: int = 0
           ) -> dict[str, list[dict[str, Any]]]:
     """All generated rows by use: ``train`` (the training mixture's additions: at most ``train_cap`` rows per answer
     category, ``event_train`` dated events, plus ``long_train`` long-premise rows, ``long_statement_share`` of them
-    around generated one-sentence pairs, ``window_train`` window-length rows of :func:`window_train_rows`, and the
-    answers of ``detail_train`` questions of :func:`detail_pairs`), ``dev`` and ``test`` (evaluation, uncapped)."""
+    around generated one-sentence pairs, ``window_train`` window-length rows of :func:`window_train_rows`, the
+    answers of ``detail_train`` questions of :func:`detail_pairs` and ``place_train`` pairs of :func:`place_pairs`),
+    ``dev`` and ``test`` (evaluation, uncapped; the place pairs always)."""
     licensed, dev_rows = licensed_rows(data)
     events = event_pairs(data, seed, {"train": event_train, "dev": 150, "test": 300})
     answer_rows = qa_pairs(data, seed) + sentence_pairs(licensed, seed) + unit_pairs(seed) + events
+    places = place_pairs(seed, {"train": place_train})
     pools = filler_pools(licensed)
     out: dict[str, list[dict[str, Any]]] = {p: [r for r in answer_rows if r["part"] == p] for p in PARTS}
     out["train"] = cap_per_category(out["train"], train_cap, seed)
@@ -842,6 +936,8 @@ def build(data: Path, seed: int = 0, long_train: int = 9000, train_cap: int = 20
         out["train"] += window_train_rows(licensed, pools, seed, window_train)
     if detail_train:
         out["train"] += detail_pairs(data, seed, {"train": detail_train})
+    for r in places:
+        out[r["part"]].append(r)
     for r in long_premise_eval(dev_rows, pools, seed):
         out[r["part"]].append(r)
     return out
@@ -872,10 +968,13 @@ def main(argv: list[str] | None = None) -> int:
                    "it (default 0)")
     p.add_argument("--detail-train", type=int, default=0,
                    help="questions of answers that add a detail and numbers in words (detail_pairs; default 0)")
+    p.add_argument("--place-train", type=int, default=0,
+                   help="pairs of another city of the same place (place_pairs; default 0); dev and test always have "
+                   "them")
     p.add_argument("--summary", action="store_true", help="log rows per category and label")
     args = p.parse_args(argv)
     parts = build(args.data, args.seed, args.long_train, args.train_cap, args.event_train, args.long_statement_share,
-                  args.window_train, args.detail_train)
+                  args.window_train, args.detail_train, args.place_train)
     args.out.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {"arguments": build_arguments(args), "sha256": {}}
     for name, rows in parts.items():
@@ -901,7 +1000,8 @@ def build_arguments(args: Any) -> list[str]:
     return ["--seed", str(args.seed), "--long-train", str(args.long_train), "--train-cap", str(args.train_cap),
             "--event-train", str(args.event_train), "--long-statement-share", f"{args.long_statement_share:g}",
             *(["--window-train", str(args.window_train)] if getattr(args, "window_train", 0) else []),
-            *(["--detail-train", str(args.detail_train)] if getattr(args, "detail_train", 0) else [])]
+            *(["--detail-train", str(args.detail_train)] if getattr(args, "detail_train", 0) else []),
+            *(["--place-train", str(args.place_train)] if getattr(args, "place_train", 0) else [])]
 
 
 def rows_record(train_file: str | Path, sha256: str) -> dict[str, Any] | None:

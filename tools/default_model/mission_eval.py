@@ -37,16 +37,21 @@ import numpy as np
 
 from fastnli.scorers.questions import with_question
 from fastnli.scorers.units import align_units
-from tools.default_model.answer_data import MEANING_KEPT, ONE_WAY, VALUE_SWAPS, read_jsonl
+from tools.default_model.answer_data import MEANING_KEPT, ONE_WAY, PLACE_KEPT, PLACE_SWAPS, VALUE_SWAPS, read_jsonl
 
 LABELS = ("contradiction", "neutral", "entailment")
 #: the long-premise figures per filler length, in the rendered table's order
 LONG_FIGURES = ("accuracy", "entailment_kept", "contradiction_kept", "neutral_kept", "false_entailment")
 #: the figures per input form and their names in tables, in the tables' order
 GROUP_FIGURES = {"value_swaps": "value swaps flagged", "value_swaps_both_ways": "value swaps flagged both ways",
-                 "meaning_kept": "meaning kept both ways", "agreement_auroc": "agreement AUROC"}
+                 "meaning_kept": "meaning kept both ways", "agreement_auroc": "agreement AUROC",
+                 "place_swaps": "another city flagged", "place_swaps_both_ways": "another city flagged both ways",
+                 "place_kept": "the city in other words kept both ways"}
+#: the groups of categories per input form: (name, categories, whether they are swaps flagged as contradiction)
+GROUPS = (("value_swaps", VALUE_SWAPS, True), ("meaning_kept", MEANING_KEPT, False), ("place_swaps", PLACE_SWAPS, True),
+          ("place_kept", PLACE_KEPT, False))
 C, N, E = 0, 1, 2
-FORMS = ("", "+sentence", "+question")  # bare answers, one-sentence answers, question-aware inputs
+FORMS = ("", "+sentence", "+question", "+bare")  # bare, one-sentence, question-aware, one bare and one sentence
 
 
 def auroc(pos: np.ndarray, neg: np.ndarray) -> float:
@@ -83,13 +88,15 @@ def evaluate(rows: Sequence[dict[str, Any]], probs: np.ndarray) -> dict[str, Any
         pc = probs[ij, C]
         score = 1 - pc.mean(1)
         extra: dict[str, float] = {}
-        if base in VALUE_SWAPS:
+        if base in VALUE_SWAPS or base in PLACE_SWAPS:
             metric, value = "flagged_contradiction", float((pc.max(1) > 0.5).mean())
             extra["both_ways"] = round(float((pc.min(1) > 0.5).mean()), 4)
-            agree_scores.setdefault(form, ([], []))[1].extend(score.tolist())
-        elif base in MEANING_KEPT:
+            if base in VALUE_SWAPS:
+                agree_scores.setdefault(form, ([], []))[1].extend(score.tolist())
+        elif base in MEANING_KEPT or base in PLACE_KEPT:
             metric, value = "entailment_both_ways", float((pred[ij] == E).all(1).mean())
-            agree_scores.setdefault(form, ([], []))[0].extend(score.tolist())
+            if base in MEANING_KEPT:
+                agree_scores.setdefault(form, ([], []))[0].extend(score.tolist())
         elif base in ONE_WAY:
             metric, value = "directed_accuracy", float(((pred[ij] == E) == (gold[ij] == E)).mean())
             agree_scores.setdefault(form, ([], []))[0].extend(score.tolist())
@@ -99,15 +106,15 @@ def evaluate(rows: Sequence[dict[str, Any]], probs: np.ndarray) -> dict[str, Any
                            "mean_pair_score": round(float(score.mean()), 4), **extra}
     groups: dict[str, dict[str, float]] = {}
     for form in FORMS:
-        for kind, names in (("value_swaps", VALUE_SWAPS), ("meaning_kept", MEANING_KEPT)):
+        for kind, names, swaps in GROUPS:
             cats = [c for c in categories if c.split("+", 1)[0] in names and (("+" + c.split("+", 1)[1]) if "+" in c
                                                                                else "") == form]
             n = sum(categories[c]["pairs"] for c in cats)
             if n:
                 group = groups.setdefault(form or "bare", {})
                 group[kind] = round(sum(categories[c]["value"] * categories[c]["pairs"] for c in cats) / n, 4)
-                if kind == "value_swaps":
-                    group["value_swaps_both_ways"] = round(
+                if swaps:
+                    group[kind + "_both_ways"] = round(
                         sum(categories[c]["both_ways"] * categories[c]["pairs"] for c in cats) / n, 4)
         pos, neg = agree_scores.get(form, ([], []))
         if pos and neg:
