@@ -202,6 +202,13 @@ def test_card_rebuilds_a_two_stage_model_with_runnable_commands(tmp_path: Path) 
             "/tmp/default-nli-3-mix` (it evaluates") in text
     assert "(1 - 0.5) x the weights stage 3 started from + 0.5 x the checkpoint it trained" in \
         ship.interpolation_text(mixed)
+    fourth = {**stage(["train.py", "--base", "/x/m3mix", "--extra-train", "/gone/4.jsonl", "--out", "/x/m4"],
+                      "/gone/4.jsonl", "e" * 64), "base_training": mixed}  # a stage after a mixed one
+    text = ship.rebuild_text(fourth)
+    assert ("\n4. `python -m tools.default_model.interpolate --base /tmp/default-nli-2 --tuned /tmp/default-nli-3 "
+            "--alpha 0.5 --out /tmp/default-nli-3-mix`\n5. the rows of sha256 `" + "e" * 64) in text
+    assert ("--out /tmp/default-nli-4 --base /tmp/default-nli-3-mix`\n6. `python -m tools.default_model.ship "
+            "--checkpoint /tmp/default-nli-4` (it evaluates") in text
 
 
 def test_rebuild_restores_a_teacher_from_the_commit_that_shipped_it() -> None:

@@ -619,6 +619,7 @@ def rebuild_text(t: dict[str, Any]) -> str:
         return ""
     steps: list[str] = []
     restored: set[str] = set()
+    before = ""  # the weights the stage starts from: the previous stage's checkpoint, or its mix
     for i, stage in enumerate(stages, 1):
         rows_dir, out = f"/tmp/answers-{i}", f"/tmp/default-nli-{i}"
         restore, teacher = teacher_step(stage)
@@ -627,14 +628,15 @@ def rebuild_text(t: dict[str, Any]) -> str:
         restored.update(teacher[1:])
         rows = rows_steps(stage["data"]["extra_train"], rows_dir, restored)
         paths = ["--data", "../shared/nli-data", "--extra-train", f"{rows_dir}/train.jsonl", "--out", out]
-        if i > 1:
-            paths += ["--base", f"/tmp/default-nli-{i - 1}"]
-        steps.append(f"{i}. {restore}{rows}, then `{training_command(stage['command'], paths + teacher)}`")
-    final = f"/tmp/default-nli-{len(stages)}"
-    if (mix := t.get("interpolated")) and len(stages) > 1:
-        steps.append(f"{len(stages) + 1}. `python -m tools.default_model.interpolate --base "
-                     f"/tmp/default-nli-{len(stages) - 1} --tuned {final} --alpha {mix['alpha']} --out {final}-mix`")
-        final += "-mix"
+        if before:
+            paths += ["--base", before]
+        steps.append(f"{len(steps) + 1}. {restore}{rows}, then `{training_command(stage['command'], paths + teacher)}`")
+        if (mix := stage.get("interpolated")) and before:  # mixed with the weights it started from
+            steps.append(f"{len(steps) + 1}. `python -m tools.default_model.interpolate --base {before} --tuned {out} "
+                         f"--alpha {mix['alpha']} --out {out}-mix`")
+            out += "-mix"
+        before = out
+    final = before
     return ("\nRebuild, from the repository root (every row file is the same byte for byte; its sha256 is in the "
             "training log):\n\n" + "\n".join(steps) + f"\n{len(steps) + 1}. `python -m tools.default_model.ship "
             f"--checkpoint {final}` (it evaluates on the answer rows of the default arguments, as the CI gate does)\n")
@@ -686,9 +688,11 @@ def stages_text(t: dict[str, Any]) -> str:
     for i, stage in enumerate(stages[:-1], 1):
         extra = stage["data"].get("extra_train") or {}
         start = "from all-MiniLM-L6-v2" if i == 1 else f"from the stage-{i - 1} checkpoint"
+        mixed = (f"; then (1 - {mix['alpha']}) x the weights it started from + {mix['alpha']} x this checkpoint"
+                 if (mix := stage.get("interpolated")) else "")
         parts.append(f"Stage {i}, {start}: `{stage['command']}` ({extra.get('rows', 0):,} generated rows; "
                      f"{stage['recipe']['loss']}; best step {stage['best']['step']}, "
-                     f"{json.dumps(stage['best']['full'])}).")
+                     f"{json.dumps(stage['best']['full'])}{mixed}).")
     recovered = t["base_model"].get("recovered_from")
     start = (f"the stage-{len(stages) - 1} weights recovered from the shipped INT8 graph (artifact "
              f"`{recovered['artifact_hash'][:16]}…`, `tools/default_model/recover.py`: its int8 products dequantized; "
