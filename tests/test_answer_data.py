@@ -139,14 +139,15 @@ def test_evaluate_reads_place_swaps_apart_from_the_value_swaps() -> None:
     rec.both("1989", "1991", "contradiction", "contradiction", "year_swap")
     rec.both("1989", "In 1989.", "entailment", "entailment", "format_variant")
     rec.both("Oslo", "Bergen", "contradiction", "contradiction", "place_swap")
-    rec.both("Oslo", "Norway's capital is Oslo.", "entailment", "entailment", "place_format+bare")
-    c, e = [0.9, 0.05, 0.05], [0.0, 0.1, 0.9]
-    probs = np.array([c, c, e, e, c, e, e, e])  # the city swap flagged one way only
+    rec.both("Norway's capital is Oslo.", "Oslo", "entailment", "neutral", "place_stated+bare")
+    c, n, e = [0.9, 0.05, 0.05], [0.1, 0.8, 0.1], [0.0, 0.1, 0.9]
+    probs = np.array([c, c, e, e, c, e, e, n])  # the city swap flagged one way only
     res = evaluate(rows, probs)
     bare = res["groups"]["bare"]
     assert (bare["value_swaps"], bare["value_swaps_both_ways"], bare["agreement_auroc"]) == (1.0, 1.0, 1.0)
     assert (bare["place_swaps"], bare["place_swaps_both_ways"]) == (1.0, 0.0)
-    assert res["groups"]["+bare"] == {"place_kept": 1.0}
+    assert res["groups"]["+bare"] == {"place_one_way": 1.0}
+    assert res["categories"]["place_stated+bare"]["metric"] == "directed_accuracy"
 
 
 def test_evaluate_reports_each_gold_label_kept_in_long_premises() -> None:
@@ -270,17 +271,21 @@ def test_place_pairs_swap_cities_of_one_place_and_keep_the_right_one_in_other_wo
     assert_one_part_per_question(rows)
     assert {r["part"] for r in rows} == set(ad.PARTS)
     for a, b in pairs:
-        assert a["category"] == b["category"] and a["label"] == b["label"]  # both ways
         base = a["category"].split("+")[0]
-        assert a["label"] == {"place_swap": "contradiction", "place_format": "entailment"}[base]
+        assert a["category"] == b["category"]
+        assert (a["label"], b["label"]) == {"place_swap": ("contradiction", "contradiction"),
+                                            "place_format": ("entailment", "entailment"),
+                                            "place_stated": ("entailment", "neutral")}[base]
         place = places[re.sub(r"^What is the (capital of|largest city in) (.+)\?$", r"\2", a["question"])]
         capital = a["question"].startswith("What is the capital")
         right = place.capital if capital or place.largest == "-" else place.largest
         named = [c for c in (place.capital, place.largest, *place.others) if c not in "-?" and c in a["premise"]]
         if a["category"] == "place_swap":  # bare: the right city against another of the same place
             assert right in (a["premise"], a["hypothesis"]) and a["premise"] != a["hypothesis"]
-        if base == "place_format":
+        if base in ("place_format", "place_stated"):
             assert right in a["premise"] and right in a["hypothesis"] and a["premise"] != a["hypothesis"]
+        if base == "place_stated":  # the sentence first: it states what the bare name only answers
+            assert a["hypothesis"] == right and a["premise"].endswith(".")
         assert named, a
     # no place of the written-answer sets: they measure what the place rows teach on places no row names
     written = " ".join((Path(ad.__file__).parent / "data" / name).read_text(encoding="utf-8")

@@ -45,6 +45,7 @@ MEANING_KEPT = ("format_variant", "alias", "unit_equivalent", "sentence_format",
 # another city of the same place against the right one, and the right one in other words: measured on their own
 PLACE_SWAPS = ("place_swap",)
 PLACE_KEPT = ("place_format",)
+PLACE_ONE_WAY = ("place_stated",)  # the answer in a sentence -> the bare answer: entailment; back: neutral
 ONE_WAY = ("more_specific", "event_more_specific")  # specific -> general: entailment; general -> specific: neutral
 
 MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
@@ -732,8 +733,11 @@ def place_pairs(seed: int, per_part: dict[str, int] | None = None, path: Path = 
 
     - ``place_swap``: the right city against another city of the same place, contradiction both ways: bare, both in
       a sentence (``+sentence``), one bare and one in a sentence (``+bare``), with the question (``+question``);
-    - ``place_format``: the right city bare, in a sentence and in another sentence, entailment both ways (the same
-      forms), so that the swap rows do not teach that a sentence about a capital disagrees with its bare answer.
+    - ``place_format``: the right city in two sentences (``+sentence``) and bare against a sentence with the question
+      (``+question``), entailment both ways, so that the swap rows do not teach that a sentence about a capital
+      disagrees with its bare answer;
+    - ``place_stated+bare``: the sentence against the bare city without the question: entailment, and neutral back
+      (a city's name alone does not say that it is the capital), as for the other bare answers of :func:`detail_pairs`.
 
     ``per_part`` caps the pairs drawn per part (default: all of them)."""
     rng = random.Random(seed + 13)
@@ -743,7 +747,7 @@ def place_pairs(seed: int, per_part: dict[str, int] | None = None, path: Path = 
         rec = recs[part_of(f"place:{place.name}")]
         for question, right, wrong, templates in place_questions(place):
             t1, t2 = rng.sample(templates, 2)
-            rec.both(right, _say(t1, place, right), "entailment", "entailment", "place_format+bare", question)
+            rec.both(_say(t1, place, right), right, "entailment", "neutral", "place_stated+bare", question)
             rec.both(_say(t1, place, right), _say(t2, place, right), "entailment", "entailment",
                      "place_format+sentence", question)
             rec.both(with_question(question, right), with_question(question, _say(t2, place, right)), "entailment",

@@ -40,7 +40,8 @@ logger = logging.getLogger("fastnli")
 READING = ("window_policy", "align_units", "question_format")
 NLI_SPLITS = ("snli/dev", "lingnli/val")
 WRITTEN = ("agreement_auroc", "disagreeing_flagged", "agreeing_ncp_above_half")
-MISSION = ("value_swaps", "value_swaps_both_ways", "meaning_kept", "place_swaps", "place_swaps_both_ways", "place_kept")
+MISSION = ("value_swaps", "value_swaps_both_ways", "meaning_kept", "place_swaps", "place_swaps_both_ways", "place_kept",
+           "place_one_way")
 LONG = ("entailment_kept", "neutral_kept", "false_entailment")
 
 

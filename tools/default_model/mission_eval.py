@@ -37,7 +37,15 @@ import numpy as np
 
 from fastnli.scorers.questions import with_question
 from fastnli.scorers.units import align_units
-from tools.default_model.answer_data import MEANING_KEPT, ONE_WAY, PLACE_KEPT, PLACE_SWAPS, VALUE_SWAPS, read_jsonl
+from tools.default_model.answer_data import (
+    MEANING_KEPT,
+    ONE_WAY,
+    PLACE_KEPT,
+    PLACE_ONE_WAY,
+    PLACE_SWAPS,
+    VALUE_SWAPS,
+    read_jsonl,
+)
 
 LABELS = ("contradiction", "neutral", "entailment")
 #: the long-premise figures per filler length, in the rendered table's order
@@ -46,10 +54,11 @@ LONG_FIGURES = ("accuracy", "entailment_kept", "contradiction_kept", "neutral_ke
 GROUP_FIGURES = {"value_swaps": "value swaps flagged", "value_swaps_both_ways": "value swaps flagged both ways",
                  "meaning_kept": "meaning kept both ways", "agreement_auroc": "agreement AUROC",
                  "place_swaps": "another city flagged", "place_swaps_both_ways": "another city flagged both ways",
-                 "place_kept": "the city in other words kept both ways"}
+                 "place_kept": "the city in other words kept both ways",
+                 "place_one_way": "the city stated -> the city bare, and not back"}
 #: the groups of categories per input form: (name, categories, whether they are swaps flagged as contradiction)
 GROUPS = (("value_swaps", VALUE_SWAPS, True), ("meaning_kept", MEANING_KEPT, False), ("place_swaps", PLACE_SWAPS, True),
-          ("place_kept", PLACE_KEPT, False))
+          ("place_kept", PLACE_KEPT, False), ("place_one_way", PLACE_ONE_WAY, False))
 C, N, E = 0, 1, 2
 FORMS = ("", "+sentence", "+question", "+bare")  # bare, one-sentence, question-aware, one bare and one sentence
 
@@ -97,9 +106,10 @@ def evaluate(rows: Sequence[dict[str, Any]], probs: np.ndarray) -> dict[str, Any
             metric, value = "entailment_both_ways", float((pred[ij] == E).all(1).mean())
             if base in MEANING_KEPT:
                 agree_scores.setdefault(form, ([], []))[0].extend(score.tolist())
-        elif base in ONE_WAY:
+        elif base in ONE_WAY or base in PLACE_ONE_WAY:
             metric, value = "directed_accuracy", float(((pred[ij] == E) == (gold[ij] == E)).mean())
-            agree_scores.setdefault(form, ([], []))[0].extend(score.tolist())
+            if base in ONE_WAY:
+                agree_scores.setdefault(form, ([], []))[0].extend(score.tolist())
         else:
             continue
         categories[cat] = {"pairs": len(pair_list), "metric": metric, "value": round(value, 4),
