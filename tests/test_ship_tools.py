@@ -441,6 +441,17 @@ def test_card_names_the_detail_rows_only_when_a_stage_trained_on_them() -> None:
     assert "(`answer_data --detail-train`): one-sentence answers with a detail they do not need" in text
 
 
+def test_card_names_the_place_rows_only_when_a_stage_trained_on_them() -> None:
+    from tools.default_model import answer_data
+
+    extra = {"rows": 4, "rows_per_category": {"format_variant": 2, "long": 2}, "build_record": {"arguments": []}}
+    assert ship.place_text(extra) == "" and "--place-train" not in ship.extra_data_text({"data": {"extra_train": extra}})
+    extra["rows_per_category"].update({"place_swap+question": 2, "place_stated+bare": 2})
+    text = " ".join(ship.extra_data_text({"data": {"extra_train": extra}}).split())
+    assert (f"(`answer_data --place-train`), from a list of the capitals and large cities of "
+            f"{len(answer_data.read_places())} countries, U.S. states and U.K. nations") in text
+
+
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
 def test_windowed_long_records_the_long_premises_read_whole_and_in_windows(tmp_path: Path) -> None:
     """windowed_long scores the job's long-premise rows whole and in the model's windows and renders both in the card:

@@ -745,7 +745,8 @@ def extra_data_text(t: dict[str, Any]) -> str:
             "distractors of the same question type, more/less specific forms; bare, in one sentence and "
             "question-aware), number swaps, digit/word variants and negations of the licensed sentences above, "
             "synthetic unit conversions, and premises lengthened with unrelated mnli/dev_matched sentences (label "
-            f"kept with the evidence; neutral without it){detail_text(extra)}{hard_windows_text(extra)}. "
+            f"kept with the evidence; neutral without it){detail_text(extra)}{place_text(extra)}"
+            f"{hard_windows_text(extra)}. "
             "Distillation applies to the licensed NLI rows only.\n")
 
 
@@ -758,6 +759,20 @@ def detail_text(extra: dict[str, Any]) -> str:
             "against the same answer without it or the bare answer (entailment from the detailed one, neutral back; "
             "with another value, contradiction), bare against one-sentence answers with the question, numbers "
             "written in words, and dated events against the same event undated")
+
+
+def place_text(extra: dict[str, Any]) -> str:
+    """The clause of :func:`extra_data_text` on the rows of ``answer_data --place-train`` (empty without them)."""
+    if not any(c.split("+")[0] in answer_data.PLACE_SWAPS for c in extra["rows_per_category"]):
+        return ""
+    places = answer_data.read_places()
+    return (f"; the `place_swap`, `place_format` and `place_stated` rows (`answer_data --place-train`), from a list "
+            f"of the capitals and large cities of {len(places)} countries, U.S. states and U.K. nations written for "
+            "this model (`tools/default_model/data/places.tsv`, facts only, no licensed text; the places of the "
+            "written-answer sets left out): another city of the same place against the capital or the largest city "
+            "(contradiction both ways; bare, in sentences, one of each and with the question), the right city in two "
+            "sentences and with the question (entailment both ways), and a sentence against the bare city "
+            "(entailment, neutral back)")
 
 
 def hard_windows_text(extra: dict[str, Any]) -> str:
