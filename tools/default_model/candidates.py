@@ -9,7 +9,8 @@ on dev data only:
 - ``written``: the main written-answer set (``written_answers.DATA``; never the held-out questions), per input form:
   agreement AUROC, disagreeing pairs flagged, agreeing pairs above 0.5;
 - ``mission``: the dev part of ``answer_data`` (``--rows``), units read as the reading model does: per input form
-  value swaps flagged, flagged both ways and meaning kept both ways; per filler length of the long premises,
+  value swaps flagged, flagged both ways and meaning kept both ways, and the place groups (another city flagged,
+  flagged both ways; the city in other words kept; the stated city one way); per filler length of the long premises,
   entailment and neutral kept and false entailment;
 - ``documents`` (with ``--documents``: about 3 more minutes per candidate on 2 cores): the dev score of
   ``contradiction_choice`` for the reading model's fallback and contradiction bar.
