@@ -495,3 +495,13 @@ def test_windowed_text_is_empty_without_a_record_and_refuses_a_step_below_one(
     with pytest.raises(SystemExit):
         windowed_long.main(["--every", "0"])
     assert "--every 0: give a positive step (1 scores every row)" in capsys.readouterr().err
+
+
+def test_card_unit_paragraph_reads_the_forms_that_have_value_swaps() -> None:
+    """The test part's groups per form: the one-bare-one-sentence form holds only the place groups."""
+    g = {"value_swaps": 0.9, "meaning_kept": 0.8, "agreement_auroc": 0.95}
+    q = {"align_units": {"default": True, "rule": "the rule", "dev": {"plain": 0.5, "aligned": 0.9},
+                         "test_aligned": {"categories": {"unit_swap": {"value": 0.97}},
+                                          "groups": {"bare": g, "+bare": {"place_swaps": 1.0}}}}}
+    text = ship.align_units_text(q)
+    assert "unit_swap 0.970; bare: value swaps 0.900, meaning kept 0.800, AUROC 0.950. The unit rows" in text

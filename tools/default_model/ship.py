@@ -862,7 +862,7 @@ def align_units_text(q: dict[str, Any]) -> str:
     test = a["test_aligned"]
     cats = ", ".join(f"{c} {v['value']:.3f}" for c, v in test["categories"].items())
     groups = "; ".join(f"{form}: value swaps {g['value_swaps']:.3f}, meaning kept {g['meaning_kept']:.3f}, AUROC "
-                       f"{g['agreement_auroc']:.3f}" for form, g in test["groups"].items())
+                       f"{g['agreement_auroc']:.3f}" for form, g in test["groups"].items() if "value_swaps" in g)
     return (f"Units aligned by default: {'yes' if a['default'] else 'no'} (`fastnli.scorers.units`: the scorers write "
             "a compared answer's quantities in the other's units, and its numbers of equal value in the other's form "
             "(\"168\" / \"one hundred sixty-eight\"), before NLI, so the model compares numbers in one unit and one "
