@@ -18,6 +18,7 @@ from fastnli.engine import NLIEngine
 from fastnli.engine.session import SessionConfig, cpu_model_name, exact_int8_wanted, int8_isa, u8s8_saturates
 from tools.default_model import measure as measure_default_model
 from tools.default_model import ship
+from tools.default_model.train import TRAINING_LOG
 
 REPO = ship.REPO
 
@@ -505,3 +506,19 @@ def test_card_unit_paragraph_reads_the_forms_that_have_value_swaps() -> None:
                                           "groups": {"bare": g, "+bare": {"place_swaps": 1.0}}}}}
     text = ship.align_units_text(q)
     assert "unit_swap 0.970; bare: value swaps 0.900, meaning kept 0.800, AUROC 0.950. The unit rows" in text
+
+
+def test_a_mixed_base_stage_keeps_its_mix_in_the_training_record(tmp_path: Path) -> None:
+    """A stage trained from a mix (interpolate.py): the mix is recorded with the base's stage, so the card's rebuild
+    mixes that stage before the next one trains."""
+    base = {k: k for k in ("command", "data", "recipe", "best", "stop_reason", "timing_s")}
+    base.update(args={"base": str(tmp_path / "gone")}, base_model={"trained_by_this_tool": None},
+                interpolated={"alpha": 0.5, "base": "/x/m8", "tuned": "/x/m9"})
+    (tmp_path / "mix").mkdir()
+    (tmp_path / "mix" / TRAINING_LOG).write_text(json.dumps(base))
+    stage = {"args": {"base": str(tmp_path / "mix")}, "base_model": {"trained_by_this_tool": {"path": "mix"}}}
+    trimmed = ship.base_training(stage)
+    assert trimmed is not None and trimmed["interpolated"] == base["interpolated"]
+    del base["interpolated"]
+    (tmp_path / "mix" / TRAINING_LOG).write_text(json.dumps(base))
+    assert "interpolated" not in (ship.base_training(stage) or {})

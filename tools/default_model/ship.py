@@ -726,6 +726,8 @@ def base_training(training: dict[str, Any]) -> dict[str, Any] | None:
         return None
     first = json.loads(log.read_text(encoding="utf-8"))
     trimmed = {k: first[k] for k in ("command", "args", "data", "recipe", "best", "stop_reason", "timing_s")}
+    if "interpolated" in first:  # the base is a mix (interpolate.py): the rebuild mixes that stage too
+        trimmed["interpolated"] = first["interpolated"]
     # a base that was itself trained from a checkpoint of this tool: its log carries the earlier stages when it is a
     # shipped model's record (tools/default_model/recover.py), else they are read from its own base
     if earlier := first.get("base_training") or base_training(first):
