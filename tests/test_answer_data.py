@@ -79,8 +79,10 @@ def test_cap_per_category_keeps_whole_pairs() -> None:
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
 def test_build_parts_are_disjoint_and_pairs_have_both_directions(tmp_path: Path) -> None:
     parts = ad.build(SHARED_DATA, seed=0, long_train=200)
-    questions = {p: {r["question"] for r in rows if r["question"] and r["source"] != "answers/events"}
-                 for p, rows in parts.items()}  # dated events fall into a part by their subject and verb
+    # dated events fall into a part by their subject and verb, places by their name (test_place_pairs_...)
+    questions = {p: {r["question"] for r in rows if r["question"] and r["source"] not in ("answers/events",
+                                                                                         "answers/places")}
+                 for p, rows in parts.items()}
     assert not (questions["train"] & questions["dev"]) and not (questions["train"] & questions["test"])
     assert not (questions["dev"] & questions["test"])
     assert all(ad.part_of(q) == p for p, qs in questions.items() for q in qs)
@@ -270,6 +272,8 @@ def test_place_pairs_swap_cities_of_one_place_and_keep_the_right_one_in_other_wo
     assert {len(p) for p in pairs} == {2} and all(r["source"] == "answers/places" for r in rows)
     assert_one_part_per_question(rows)
     assert {r["part"] for r in rows} == set(ad.PARTS)
+    named = {r["part"] for r in rows if r["question"].endswith(("of Norway?", "in Norway?"))}
+    assert named == {ad.part_of("place:Norway")}  # a place's questions share its part: they share its cities
     for a, b in pairs:
         base = a["category"].split("+")[0]
         assert a["category"] == b["category"]
