@@ -59,6 +59,8 @@ GROUP_FIGURES = {"value_swaps": "value swaps flagged", "value_swaps_both_ways": 
 #: the groups of categories per input form: (name, categories, whether they are swaps flagged as contradiction)
 GROUPS = (("value_swaps", VALUE_SWAPS, True), ("meaning_kept", MEANING_KEPT, False), ("place_swaps", PLACE_SWAPS, True),
           ("place_kept", PLACE_KEPT, False), ("place_one_way", PLACE_ONE_WAY, False))
+#: the categories of the agreement AUROC; the place groups stay out, so that it compares across stages
+AUROC_CATEGORIES = VALUE_SWAPS + MEANING_KEPT + ONE_WAY
 C, N, E = 0, 1, 2
 FORMS = ("", "+sentence", "+question", "+bare")  # bare, one-sentence, question-aware, one bare and one sentence
 
@@ -100,18 +102,15 @@ def evaluate(rows: Sequence[dict[str, Any]], probs: np.ndarray) -> dict[str, Any
         if base in VALUE_SWAPS or base in PLACE_SWAPS:
             metric, value = "flagged_contradiction", float((pc.max(1) > 0.5).mean())
             extra["both_ways"] = round(float((pc.min(1) > 0.5).mean()), 4)
-            if base in VALUE_SWAPS:
-                agree_scores.setdefault(form, ([], []))[1].extend(score.tolist())
         elif base in MEANING_KEPT or base in PLACE_KEPT:
             metric, value = "entailment_both_ways", float((pred[ij] == E).all(1).mean())
-            if base in MEANING_KEPT:
-                agree_scores.setdefault(form, ([], []))[0].extend(score.tolist())
         elif base in ONE_WAY or base in PLACE_ONE_WAY:
             metric, value = "directed_accuracy", float(((pred[ij] == E) == (gold[ij] == E)).mean())
-            if base in ONE_WAY:
-                agree_scores.setdefault(form, ([], []))[0].extend(score.tolist())
         else:
             continue
+        if base in AUROC_CATEGORIES:  # agreeing pairs against disagreeing ones (the value swaps)
+            agreeing, disagreeing = agree_scores.setdefault(form, ([], []))
+            (disagreeing if base in VALUE_SWAPS else agreeing).extend(score.tolist())
         categories[cat] = {"pairs": len(pair_list), "metric": metric, "value": round(value, 4),
                            "mean_pair_score": round(float(score.mean()), 4), **extra}
     groups: dict[str, dict[str, float]] = {}
