@@ -522,3 +522,28 @@ def test_a_mixed_base_stage_keeps_its_mix_in_the_training_record(tmp_path: Path)
     del base["interpolated"]
     (tmp_path / "mix" / TRAINING_LOG).write_text(json.dumps(base))
     assert "interpolated" not in (ship.base_training(stage) or {})
+
+
+def test_ship_stages_beside_the_shipped_tree_and_publishes_only_a_complete_stage(tmp_path: Path) -> None:
+    out, quality = tmp_path / "models" / "default", tmp_path / "quality.json"
+    out.mkdir(parents=True)
+    (out / "model_int8.onnx").write_text("old graph")
+    (out / "stale.txt").write_text("only in the old tree")
+    quality.write_text('{"old": true}')
+    staged, staged_quality = ship.staging_paths(out, quality)
+    assert (staged.parent, staged_quality.parent) == (out.parent, quality.parent)
+    assert staged.name.startswith(".") and staged_quality.name.startswith(".")
+
+    staged.mkdir()
+    (staged / "model_int8.onnx").write_text("new graph")
+    with pytest.raises(FileNotFoundError, match="nothing was staged to publish"):
+        ship.publish(staged, out, staged_quality, quality)  # the records were never staged: nothing changes
+    assert (out / "model_int8.onnx").read_text() == "old graph" and json.loads(quality.read_text()) == {"old": True}
+
+    staged_quality.write_text('{"new": true}')
+    ship.publish(staged, out, staged_quality, quality)
+    assert sorted(p.name for p in out.iterdir()) == ["model_int8.onnx"]
+    assert (out / "model_int8.onnx").read_text() == "new graph"
+    assert json.loads(quality.read_text()) == {"new": True}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models", "quality.json"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["default"]

@@ -5,11 +5,13 @@
 Steps: fastnli export (fp32 + INT8, validated against PyTorch on the probe set) → accuracy of both graphs on the full
 snli/dev and lingnli/val through the engine, INT8-vs-fp32 agreement, throughput at SNLI lengths (tokenization
 included), the mission evaluation as written and with units aligned (``tools/default_model/align_choice.py``: the
-manifest's ``align_units``) → copy the INT8 graph, tokenizer, manifest and ``MODEL_CARD.md`` to ``fastnli/models/default/``, and write
-``tools/default_model/quality.json`` (the figures and the fixed slice the CI quality gate re-checks; it stays out of
-the wheel) → choose how the model reads long documents (``tools/default_model/window_choice.py`` and
-``contradiction_choice.py``: the manifest's ``window_policy``) → the job's long premises read in those windows
-(``tools/default_model/windowed_long.py``).
+manifest's ``align_units``) → stage the INT8 graph, tokenizer, manifest and ``MODEL_CARD.md`` for
+``fastnli/models/default/``, and ``tools/default_model/quality.json`` (the figures and the fixed slice the CI quality
+gate re-checks; it stays out of the wheel) → choose how the model reads long documents
+(``tools/default_model/window_choice.py`` and ``contradiction_choice.py``: the manifest's ``window_policy``) → the
+job's long premises read in those windows (``tools/default_model/windowed_long.py``) → publish: the staged tree and
+records replace the shipped ones only when every step has finished (:func:`publish`), so a run that fails part-way
+changes nothing that ships.
 """
 
 from __future__ import annotations
@@ -1072,6 +1074,35 @@ instruction set far more than on the clock.
 """
 
 
+def staging_paths(out: Path, quality: Path) -> tuple[Path, Path]:
+    """Where ``ship`` builds the model tree ``out`` and its quality records ``quality`` before :func:`publish`: hidden
+    siblings of each, so that a run that stops part-way leaves the shipped model and its records as they were."""
+    return out.with_name(f".{out.name}.staging"), quality.with_name(f".{quality.name}.staging")
+
+
+def publish(staged: Path, out: Path, staged_quality: Path, quality: Path) -> None:
+    """Replace the model tree ``out`` with the complete ``staged`` one and ``quality`` with ``staged_quality``.
+
+    The old tree is renamed aside first and removed only once the new one is in place; the quality file is replaced
+    with :func:`os.replace` (atomic on one file system).
+
+    Raises:
+        FileNotFoundError: when ``staged`` or ``staged_quality`` does not exist (nothing is changed then).
+    """
+    for path in (staged, staged_quality):
+        if not path.exists():
+            raise FileNotFoundError(f"{path} does not exist: nothing was staged to publish")
+    previous = out.with_name(f".{out.name}.previous")
+    if previous.exists():
+        shutil.rmtree(previous)
+    if out.exists():
+        out.rename(previous)
+    staged.rename(out)
+    os.replace(staged_quality, quality)
+    if previous.exists():
+        shutil.rmtree(previous)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", required=True, type=Path)
@@ -1176,9 +1207,12 @@ def main() -> None:
                                    {split: preds[split]["int8"] for split in splits})]
     logger.info("quality: %s", {k: v for k, v in quality.items() if k != "gate"})
 
-    out: Path = args.out
-    if out.exists():
-        shutil.rmtree(out)
+    out, staged_quality = staging_paths(args.out, args.quality)  # the shipped tree changes only at publish()
+    for path in (out, staged_quality):
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
     out.mkdir(parents=True)
     shutil.copy2(art / manifest.precisions["int8"].file, out / manifest.precisions["int8"].file)
     for name in manifest.tokenizer_files:
@@ -1193,11 +1227,11 @@ def main() -> None:
     a = training["args"]  # the selection text is rendered from the arguments, whatever the log says
     training["recipe"]["selection"] = selection_text(a["select_on"], a["eval_slice"], a["eval_every"])
     quality["training"] = training
-    args.quality.write_text(json.dumps(quality, indent=1, sort_keys=True))
+    staged_quality.write_text(json.dumps(quality, indent=1, sort_keys=True))
     read_manifest(out)
     (out / "MODEL_CARD.md").write_text(model_card(quality, data))
     size = sum(f.stat().st_size for f in out.iterdir())
-    logger.info("shipped %s (%.1f MB)", out, size / 1e6)
+    logger.info("staged %s (%.1f MB)", out, size / 1e6)
     shutil.rmtree(work)
     from tools.default_model import (  # they render the card with ship's helpers
         contradiction_choice,
@@ -1207,10 +1241,12 @@ def main() -> None:
 
     logger.info("choosing how the model reads long documents (tools/default_model/window_choice.py, then "
                 "contradiction_choice.py)")
-    common = ["--model", str(out), "--quality", str(args.quality), "--data", str(args.data), "--write"]
+    common = ["--model", str(out), "--quality", str(staged_quality), "--data", str(args.data), "--write"]
     window_choice.main(common)
     contradiction_choice.main(common)
     windowed_long.main(common)
+    publish(out, args.out, staged_quality, args.quality)
+    logger.info("shipped %s and %s", args.out, args.quality)
 
 
 if __name__ == "__main__":
