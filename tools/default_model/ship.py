@@ -916,11 +916,13 @@ def written_text(q: dict[str, Any]) -> str:
                 f"{_figure(b.get(k))} / {_figure(r[k])}" for k in FIGURES) + " |")
         return "\n".join(lines)
 
-    def pairs(record: dict[str, Any], key: str) -> str:
-        q_now = record["now"].get("question") or next(iter(record["now"].values()))
-        return "; ".join(f'"{a}" / "{b}" {score:.2f}' for a, b, score in q_now[key])
+    def question_form(record: dict[str, Any]) -> dict[str, Any]:  # the figures with the question, else the first
+        return record["now"].get("question") or next(iter(record["now"].values()))
 
-    q_now = w["now"].get("question") or next(iter(w["now"].values()))
+    def pairs(record: dict[str, Any], key: str) -> str:
+        return "; ".join(f'"{a}" / "{b}" {score:.2f}' for a, b, score in question_form(record)[key])
+
+    q_now = question_form(w)
     heldout = w.get("heldout")
     heldout_text = "" if not heldout else f"""
 Held out: {next(iter(heldout["now"].values()))["questions"]} more questions of the same shape
