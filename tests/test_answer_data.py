@@ -265,6 +265,11 @@ def test_detail_rows_join_the_train_part_only_when_asked() -> None:
     assert added and {r["source"] for r in added} == {"answers/detail"} and {r["part"] for r in added} == {"train"}
 
 
+def place_asked(question: str) -> str:
+    """The place a place row's question asks about ("What is the capital of Norway?" -> "Norway")."""
+    return re.sub(r"^What is the (capital of|largest city in) (.+)\?$", r"\2", question)
+
+
 def test_place_pairs_swap_cities_of_one_place_and_keep_the_right_one_in_other_words() -> None:
     places = {p.name: p for p in ad.read_places()}
     rows = ad.place_pairs(0)
@@ -280,7 +285,7 @@ def test_place_pairs_swap_cities_of_one_place_and_keep_the_right_one_in_other_wo
         assert (a["label"], b["label"]) == {"place_swap": ("contradiction", "contradiction"),
                                             "place_format": ("entailment", "entailment"),
                                             "place_stated": ("entailment", "neutral")}[base]
-        place = places[re.sub(r"^What is the (capital of|largest city in) (.+)\?$", r"\2", a["question"])]
+        place = places[place_asked(a["question"])]
         capital = a["question"].startswith("What is the capital")
         right = place.capital if capital or place.largest == "-" else place.largest
         named = [c for c in (place.capital, place.largest, *place.others) if c not in "-?" and c in a["premise"]]
@@ -295,7 +300,7 @@ def test_place_pairs_swap_cities_of_one_place_and_keep_the_right_one_in_other_wo
     written = " ".join((Path(ad.__file__).parent / "data" / name).read_text(encoding="utf-8")
                        for name in ("written_answers.jsonl", "written_answers_heldout.jsonl"))
     for question in {r["question"] for r in rows}:
-        place = re.sub(r"^What is the (capital of|largest city in) (.+)\?$", r"\2", question)
+        place = place_asked(question)
         assert f"capital of {place}?" not in written and f"largest city in {place}?" not in written
     assert "the capital of Australia?" in written  # the check above reads the sets it should
     capped = ad.place_pairs(0, {"train": 5})
