@@ -1,7 +1,10 @@
-"""Builds fastnli's compiled pair scheduler (``fastnli.kernels._schedule``) with Cython.
+"""Builds fastnli's compiled parts: the pair scheduler (``fastnli.kernels._schedule``) with Cython, and the ONNX
+Runtime custom operator library (``fastnli.kernels._ortops``, C++ against ONNX Runtime's C API header in
+``csrc/ortops/include``).
 
 Compiler directives are set here, in one place. ``FASTNLI_DEBUG_BUILD=1`` turns bounds checks and
-wraparound back on for debugging.
+wraparound back on for debugging. The operator library is optional: where it does not build (no C++17 compiler),
+the install goes on without it and sessions run the plain graph (``fastnli.engine.fused_attention``).
 """
 
 import os
@@ -30,4 +33,16 @@ extensions = [
     )
 ]
 
-setup(ext_modules=cythonize(extensions, compiler_directives=directives))
+ortops = Extension(
+    "fastnli.kernels._ortops",  # loaded by path with SessionOptions.register_custom_ops_library, never imported
+    ["csrc/ortops/relative_scores.cpp"],
+    include_dirs=["csrc/ortops/include"],
+    depends=[f"csrc/ortops/include/{name}" for name in
+             ("onnxruntime_c_api.h", "onnxruntime_ep_c_api.h", "onnxruntime_error_code.h", "README.md")],
+    language="c++",
+    extra_compile_args=["-O3", "-std=c++17", "-fvisibility=hidden"],
+    extra_link_args=["-pthread"],
+    optional=True,
+)
+
+setup(ext_modules=[*cythonize(extensions, compiler_directives=directives), ortops])

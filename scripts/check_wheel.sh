@@ -39,9 +39,12 @@ assert importlib.util.find_spec("torch") is None and importlib.util.find_spec("t
 engine = NLIEngine.from_pretrained(sys.argv[1], device="cpu")
 probs = engine.predict([("A man plays guitar.", "A man makes music."), ("Paris", "Lyon")])
 assert probs.shape == (2, 3) and abs(float(probs.sum()) - 2.0) < 1e-4
+int8 = NLIEngine.from_pretrained(sys.argv[1], device="cpu", precision="int8")  # DeBERTa v1: attention fused
+assert int8.fused_layers > 0, "the wheel's operator library (fastnli.kernels._ortops) did not load"
 default = NLIEngine.from_pretrained(device="cpu")  # the embedded default model ships in the wheel
 assert default.precision == "int8", default
 clear = default.predict([("A man is playing a guitar on stage.", "A man is playing an instrument.")])
 assert clear.argmax() == 2, clear
-print(f"wheel OK: fastnli {fastnli.__version__}, kernels {kernels.IMPLEMENTATION}, {engine!r}, default {default!r}")
+print(f"wheel OK: fastnli {fastnli.__version__}, kernels {kernels.IMPLEMENTATION}, {engine!r} "
+      f"(INT8: {int8.fused_layers} layers fused), default {default!r}")
 PYEOF

@@ -298,6 +298,8 @@ class NLIEngine:
         streams: sessions running batches concurrently (CPU: see :func:`fastnli.engine.session.cpu_streams`).
         exact_int8: whether the INT8 graph runs on ORT's exact U8U8 kernels (uint8 weights, see
             :attr:`fastnli.engine.session.SessionConfig.exact_int8`); False for other graphs and devices.
+        fused_layers: the layers whose attention scores run in fastnli's compiled operator (DeBERTa v1 INT8 graphs
+            on CPU, :mod:`fastnli.engine.fused_attention`); 0 for other graphs and devices.
         manifest: the artifact's manifest (source, versions, validation figures).
         precision_reason: why :attr:`precision` was picked, in words (``fastnli info`` prints it), e.g. ``"picked
             over int8: the INT8 graph's argmax agreement with fp32 on the probe set is 0.9440 (94.4%), below the 98%
@@ -439,18 +441,25 @@ class NLIEngine:
     def _open_cpu(self, precision: str, reason: str) -> None:
         graph = self._graph(precision)
         streams, threads = cpu_streams(self._session_config, graph)
-        model = session_model(graph, self._session_config, int8=precision == "int8")  # once for all streams
+        from fastnli.exporter.attention import SHIFT_RECIPE  # a constant: nothing of the export runs
+
+        exported = self.manifest.precisions.get("fp32", self.manifest.precisions[precision])  # the others derive
+        shift = exported.recipe.get("attention") == SHIFT_RECIPE  # from the fp32 graph, with its attention
+        model = session_model(graph, self._session_config, int8=precision == "int8", relative_shift=shift,
+                              threads=threads)  # once for all streams
         sessions = [create_session(model, "cpu", self._session_config, threads)[0] for _ in range(streams)]
-        self._set_sessions(sessions, "cpu", precision, exact_int8=isinstance(model, bytes), reason=reason)
+        self._set_sessions(sessions, "cpu", precision, exact_int8=getattr(model, "exact_int8", False), reason=reason,
+                           fused_layers=getattr(model, "fused_layers", 0))
 
     def _set_sessions(self, sessions: list[Any], device: Device, precision: str, exact_int8: bool = False,
-                      reason: str = "") -> None:
+                      reason: str = "", fused_layers: int = 0) -> None:
         self._sessions = sessions
         self.device: Device = device
         self.precision: str = precision
         self.precision_reason: str = reason
         self.streams = len(sessions)
         self.exact_int8 = exact_int8
+        self.fused_layers = fused_layers
         self.providers: list[str] = list(sessions[0].get_providers())
         self._input_names = [i.name for i in sessions[0].get_inputs()]
         self.batch_policy = self._policy_override or (CUDA_POLICY if device == "cuda" else CPU_POLICY)
