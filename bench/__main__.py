@@ -32,7 +32,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", default="large", choices=["tiny", "base", "large"], help="seeded checkpoint shape")
     p.add_argument("--out", default="bench/results", help="output directory (default: bench/results)")
     p.add_argument("--workloads", default="short,long", help="comma-separated: short, long, mixed")
-    p.add_argument("--skip", default="", help="backends to skip: uqlm, torch, fastnli-fp32, fastnli-int8")
+    p.add_argument("--skip", default="", help="backends to skip: uqlm, torch, fastnli-fp32, fastnli-int8, "
+                   "fastnli-int8-plain (INT8 without the fused attention scores)")
     p.add_argument("--quick", action="store_true", help="tiny checkpoint, small workloads, no sweeps' long tail")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--install-uqlm", action="store_true",
@@ -118,7 +119,7 @@ def _run(args: argparse.Namespace) -> int:
 
     t_start = time.perf_counter()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    backends = [b for b in ("uqlm", "torch", "fastnli-fp32", "fastnli-int8") if b not in skip]
+    backends = [b for b in ("uqlm", "torch", "fastnli-fp32", "fastnli-int8", "fastnli-int8-plain") if b not in skip]
     uqlm_py = uqlm_python(backends, args.install_uqlm)  # before any work: a missing venv stops the run here
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,9 @@
 Builds a seeded deberta (v1) or deberta-v2 checkpoint at the large width (hidden 1024, 16 heads; ``--layers``
 of them, default 4: the shares per op type do not depend on the depth) and exports it (fp32 + dynamic INT8) once per
 attention graph of ``--graphs``: ``hf`` (as ``transformers`` writes it), ``window`` (the position window, the v2/v3
-default) and ``shift`` (the relative shift, the v1 default). It runs ONNX Runtime's profiler on each INT8 graph, one
-thread, on a short batch (64 pairs x 24 tokens) and a long one (8 x 256), and prints the time share of each op type
+default) and ``shift`` (the relative shift, the v1 default; ``fused``: the shift graph with its scores in fastnli's
+compiled ``RelativeScores`` operator, as INT8 CPU sessions run it, :mod:`fastnli.engine.fused_attention`). It runs
+ONNX Runtime's profiler on each INT8 graph, one thread, on a short batch (64 pairs x 24 tokens) and a long one (8 x 256), and prints the time share of each op type
 and of four groups: the INT8 GEMMs, the fp32 MatMuls (the attention products: QK^T, attention x V and the
 relative-position terms), the position plumbing (Slice, Transpose, GatherElements, Gather, Expand, Reshape, Concat,
 ...) and the rest. With several graphs of an architecture it then times the engine end to end on each (the directed
@@ -55,19 +56,26 @@ def group(op: str) -> str:
 
 
 def profile_graph(graph: Path, rows: int, length: int, vocab: int, inputs: Sequence[str], runs: int = 3,
-                  threads: int = 1) -> dict[str, float]:
+                  threads: int = 1, fused: bool = False) -> dict[str, float]:
     """Microseconds per op type of one run of ``graph`` on a ``rows x length`` batch (mean of ``runs`` after a
-    warm-up), in a CPU session set up as the engine sets its sessions up."""
+    warm-up), in a CPU session set up as the engine sets its sessions up (``fused``: with the attention scores in the
+    compiled operator; else the plain graph)."""
     import onnxruntime as ort
 
+    from fastnli.engine import fused_attention
     from fastnli.engine.session import SessionConfig, session_model, session_options
 
-    config = SessionConfig()
+    config = SessionConfig(fused_attention=fused)
     opts = session_options(config, threads)
+    model = session_model(graph, config, int8="int8" in graph.name, relative_shift=fused, threads=threads)
+    if getattr(model, "fused_layers", 0):
+        fused_attention.register(opts)
+    elif fused:
+        raise RuntimeError(f"{graph}: no layer's attention scores could be fused")
     with tempfile.TemporaryDirectory() as tmp:
         opts.enable_profiling = True
         opts.profile_file_prefix = str(Path(tmp) / "ort")
-        sess = ort.InferenceSession(session_model(graph, config, int8="int8" in graph.name), opts,
+        sess = ort.InferenceSession(model, opts,
                                     providers=["CPUExecutionProvider"],
                                     disabled_optimizers=list(config.cpu_disabled_optimizers))
         rng = np.random.default_rng(0)
@@ -101,6 +109,7 @@ def shares(per_op: dict[str, float]) -> dict[str, Any]:
 
 
 GRAPHS = {"hf": (False, False), "window": (False, True), "shift": (True, True)}  # (relative_shift, position_window)
+FUSED = "fused"  # the shift graph's export, its scores fused at load
 
 
 #: The dynamic INT8 recipe with the attention products quantized too (``--int8-attention``).
@@ -131,15 +140,18 @@ def build_and_export(arch: str, layers: int, root: Path, graph: str = "window",
     return ck, art
 
 
-def end_to_end(graphs: dict[str, Path], precision: str, runs: int) -> dict[str, Any]:
+def end_to_end(graphs: dict[str, Path], precision: str, runs: int, fused: Sequence[str] = ()) -> dict[str, Any]:
     """Seconds of ``NLIEngine.predict`` per graph (the artifact directories of ``graphs``, by label) on the short and
     long NCP workloads, the graphs alternating within each run; best of ``runs``. The first graph is the reference of
     the ratios and of the largest probability difference; ``fp32_agreement`` is each graph's share of pairs with the
-    first graph's fp32 argmax (1.0 for fp32 graphs of the same function)."""
+    first graph's fp32 argmax (1.0 for fp32 graphs of the same function). The graphs labelled in ``fused`` run with
+    the fused attention scores, the others plain."""
     from bench.workloads import long_workload, ncp_pairs, short_workload
     from fastnli.engine import NLIEngine
+    from fastnli.engine.session import SessionConfig
 
-    engines = {label: NLIEngine(art, device="cpu", precision=precision)  # type: ignore[arg-type]
+    engines = {label: NLIEngine(art, device="cpu", precision=precision,  # type: ignore[arg-type]
+                                session_config=SessionConfig(fused_attention=label in fused))
                for label, art in graphs.items()}
     first = next(iter(engines))
     reference = NLIEngine(graphs[first], device="cpu", precision="fp32")
@@ -175,10 +187,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--artifact", default=None, help="profile this artifact's INT8 graph instead (one arch)")
     p.add_argument("--precision", default="int8", choices=["int8", "fp32"], help="the graph to profile")
     p.add_argument("--runs", type=int, default=3, help="profiled runs per shape after one warm-up (default 3)")
-    p.add_argument("--graphs", default="hf,window,shift",
+    p.add_argument("--graphs", default="hf,window,shift,fused",
                    help="comma-separated graphs to profile alternately in one run: hf (the attention as transformers "
                    "writes it), window (the position window: the v2/v3 default), shift (v1's relative shift: the v1 "
-                   "default); default all three (shift: v1 only)")
+                   "export), fused (the shift graph with its scores in the compiled operator: how INT8 CPU sessions "
+                   "run v1); default all four (shift and fused: v1 only)")
     p.add_argument("--int8-attention", action="store_true",
                    help="also export each graph with the attention products quantized (INT8 only) and compare")
     p.add_argument("--json", default=None, help="write the figures here")
@@ -187,31 +200,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(width=100)
     results: dict[str, Any] = {}
     variants = [g.strip() for g in args.graphs.split(",") if g.strip()]
-    unknown = sorted(set(variants) - set(GRAPHS))
+    unknown = sorted(set(variants) - {*GRAPHS, FUSED})
     if unknown:
-        p.error(f"--graphs: unknown {', '.join(unknown)}; choose from {', '.join(GRAPHS)}")
+        p.error(f"--graphs: unknown {', '.join(unknown)}; choose from {', '.join([*GRAPHS, FUSED])}")
     for arch in [a.strip() for a in args.arch.split(",") if a.strip()]:
-        graphs: dict[str, tuple[Path, Any]] = {}
+        graphs: dict[str, tuple[Path, Any, bool]] = {}  # label: (graph, manifest, fused)
         quantized = [False, True] if args.int8_attention and args.precision == "int8" and not args.artifact \
             else [False]
         for variant in variants if not args.artifact else ["window"]:
-            if variant == "shift" and arch != "deberta":
+            if variant in ("shift", FUSED) and (arch != "deberta" or variant == FUSED and args.precision != "int8"):
                 continue
             for int8_attention in quantized:
                 if args.artifact:
                     art = Path(args.artifact)
                 else:
                     _, art = build_and_export(arch, args.layers, cache_root() / "bench" / "attention_profile",
-                                              variant, int8_attention)
+                                              "shift" if variant == FUSED else variant, int8_attention)
                 m = read_manifest(art)
                 recipe = str(m.precisions["fp32"].recipe.get("attention", "as HF writes it"))
                 label = f"{arch} ({recipe.removesuffix(' (fastnli.exporter.attention)')})"
+                label += ", fused scores" if variant == FUSED else ""
                 label += ", int8 attention" if int8_attention else ""
-                graphs[label] = (art / m.precisions[args.precision].file, m)
+                graphs[label] = (art / m.precisions[args.precision].file, m, variant == FUSED)
         vocab = 2000  # the seeded tokenizers' ids stay below this; the shares do not depend on the ids
         for shape, (rows, length) in SHAPES.items():
-            for label, (graph, m) in graphs.items():  # variants alternate within a shape: the same machine load
-                figures = shares(profile_graph(graph, rows, length, vocab, m.inputs, args.runs))
+            for label, (graph, m, fused) in graphs.items():  # variants alternate within a shape: the same load
+                figures = shares(profile_graph(graph, rows, length, vocab, m.inputs, args.runs, fused=fused))
                 results[f"{label}/{shape}"] = figures
                 table = Table(title=f"{label} {args.precision} {shape} ({rows} x {length}): "
                                     f"{figures['total_ms']:.1f} ms per run, 1 thread")
@@ -223,8 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     table.add_row(f"  {op} ({group(op)})", f"{s:.1%}")
                 console.print(table)
         if len(graphs) > 1:
-            artifacts = {label: graph.parent for label, (graph, _) in graphs.items()}
-            figures = end_to_end(artifacts, args.precision, args.runs)
+            artifacts = {label: graph.parent for label, (graph, _, _) in graphs.items()}
+            figures = end_to_end(artifacts, args.precision, args.runs,
+                                 fused=[label for label, (_, _, fused) in graphs.items() if fused])
             results[f"{arch}/end to end"] = figures
             table = Table(title=f"{arch} {args.precision}, the engine end to end (NCP pairs, best of {args.runs})")
             for column in ("workload", "graph", "seconds", "time ratio", "max |Δp|", "argmax = fp32"):

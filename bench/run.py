@@ -20,6 +20,7 @@ import numpy as np
 from bench.roofline import deberta_flops
 from bench.workloads import Workload
 from fastnli.engine import NLIEngine, ResultCache
+from fastnli.engine.session import SessionConfig
 from fastnli.scorers import formulas, score
 
 logger = logging.getLogger("fastnli")
@@ -131,7 +132,7 @@ def run_workload(
     artifact: Path,
     config: dict[str, Any],
     peaks: dict[str, float],
-    backends: Sequence[str] = ("uqlm", "torch", "fastnli-fp32", "fastnli-int8"),
+    backends: Sequence[str] = ("uqlm", "torch", "fastnli-fp32", "fastnli-int8", "fastnli-int8-plain"),
     status: Callable[[str], None] = lambda _m: None,
     uqlm_python: Path | None = None,
 ) -> list[BenchRow]:
@@ -174,10 +175,11 @@ def run_workload(
     for backend in backends:
         if not backend.startswith("fastnli-"):
             continue
-        precision = backend.split("-", 1)[1]
-        status(f"{w.name}: fastnli {precision}")
+        precision, _, variant = backend.split("-", 1)[1].partition("-")  # "fastnli-int8-plain": no fused attention
+        status(f"{w.name}: fastnli {precision}{' ' + variant if variant else ''}")
         engine = NLIEngine.from_pretrained(artifact, device="cuda" if precision == "fp16" else "cpu",
-                                           precision=precision)  # type: ignore[arg-type]
+                                           precision=precision,  # type: ignore[arg-type]
+                                           session_config=SessionConfig(fused_attention=variant != "plain"))
         engine.predict(upairs[:4])  # warm-up (sessions allocate on first run)
         engine.result_cache = ResultCache()  # empty for the timed call; serves the agreement check below
         result = score(w.responses, w.sampled_responses, scorers=("noncontradiction",), engine=engine)
@@ -187,7 +189,8 @@ def run_workload(
             mine = engine.predict(upairs)  # served from the result cache: no extra model time
             agreement = float(np.mean(mine.argmax(1) == torch_probs.argmax(1)))
         lengths = engine.token_lengths(list(dict.fromkeys(upairs))).tolist()
-        rows.append(_row(w, f"fastnli-{precision}-{engine.device}", result.seconds, st.pairs_in, st.real_tokens,
+        name = f"fastnli-{precision}-{variant}" if variant else f"fastnli-{precision}"
+        rows.append(_row(w, f"{name}-{engine.device}", result.seconds, st.pairs_in, st.real_tokens,
                          st.padded_tokens, st.unique_pairs, result.column("noncontradiction"),  # type: ignore[arg-type]
                          uqlm_ncp, uqlm_s, agreement, _flops(config, lengths),
                          peaks, {"int8": "int8", "fp32": "fp32"}.get(precision)))  # no GPU peak is measured

@@ -137,6 +137,9 @@ def test_fused_attention_switch_and_a_missing_library_fall_back_to_the_plain_gra
     monkeypatch.setenv("FASTNLI_FUSED_ATTENTION", "0")
     assert SessionConfig().fused_attention is False
     assert session_model(graph, SessionConfig(exact_int8=False), int8=True, relative_shift=True) == str(graph)
+    monkeypatch.setenv("FASTNLI_FUSED_ATTENTION", "maybe")
+    with pytest.raises(ValueError, match=r"^FASTNLI_FUSED_ATTENTION='maybe' is not a switch; set it to 1 \(on\) or 0 "):
+        SessionConfig()
     monkeypatch.delenv("FASTNLI_FUSED_ATTENTION")
     assert SessionConfig().fused_attention is True
 
