@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench.roofline import deberta_flops
@@ -189,3 +190,13 @@ def test_batch_split_compares_overheads_with_equal_probabilities(tmp_path: Path,
         assert r["max_abs_delta"] <= 1e-6 and full["speedup"] == 1.0
         assert split["padding_efficiency"] >= full["padding_efficiency"] and split["batches"] >= full["batches"]
     assert "| workload (unique pairs) | overhead 0 | overhead 32 |" in capsys.readouterr().out
+
+
+def test_needle_windows_groups_sentences_and_merges_two_readings_group_by_group() -> None:
+    from bench.needle_windows import sentence_groups, union
+
+    pairs, starts = sentence_groups(["A dog runs. It is wet.", "Rain."], ["h1", "h2"])
+    assert pairs == [("A dog runs.", "h1"), ("It is wet.", "h1"), ("Rain.", "h2")] and starts.tolist() == [0, 2, 3]
+    a, b = np.arange(3.0)[:, None], np.arange(10.0, 13.0)[:, None]
+    rows, merged = union(a, np.array([0, 1, 3]), b, np.array([0, 2, 3]))
+    assert rows[:, 0].tolist() == [0.0, 10.0, 11.0, 1.0, 2.0, 12.0] and merged.tolist() == [0, 3, 6]

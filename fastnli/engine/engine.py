@@ -443,8 +443,9 @@ class NLIEngine:
         streams, threads = cpu_streams(self._session_config, graph)
         from fastnli.exporter.attention import SHIFT_RECIPE  # a constant: nothing of the export runs
 
-        exported = self.manifest.precisions.get("fp32", self.manifest.precisions[precision])  # the others derive
-        shift = exported.recipe.get("attention") == SHIFT_RECIPE  # from the fp32 graph, with its attention
+        # the other graphs are made from the fp32 graph, whose recipe names the attention it was exported with
+        exported = self.manifest.precisions.get("fp32", self.manifest.precisions[precision])
+        shift = exported.recipe.get("attention") == SHIFT_RECIPE
         model = session_model(graph, self._session_config, int8=precision == "int8", relative_shift=shift,
                               threads=threads)  # once for all streams
         sessions = [create_session(model, "cpu", self._session_config, threads)[0] for _ in range(streams)]

@@ -6,7 +6,7 @@ products are ``(B, H, L, 2L)`` fp32 tensors and each band is read out by ``Resha
 ``Transpose`` for p2c), then added twice. ORT copies the tensors at each step; on long pairs these copies and adds
 are the largest share of an INT8 graph's time. :func:`fuse_relative_scores` replaces each layer's chains and adds by
 one ``RelativeScores`` node (``csrc/ortops/relative_scores.cpp``: the same sums, each product read once
-in cache-sized tiles), in the graph a CPU session loads; the artifact on disk stays a plain ONNX graph.
+in cache-sized tiles), in the graph an INT8 CPU session loads; the artifact on disk stays a plain ONNX graph.
 
 The operator library is built with the package (``fastnli.kernels._ortops``). Where it is missing (a build without a
 C++ compiler) or does not load or compute right on this ONNX Runtime (:func:`library`: a one-node probe is run and

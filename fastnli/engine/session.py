@@ -56,8 +56,8 @@ class SessionConfig:
             on a VNNI CPU would give up its (already exact) VNNI kernels.
         fused_attention: compute DeBERTa v1's attention scores (relative shift graphs) with fastnli's compiled
             ``RelativeScores`` operator in INT8 CPU sessions (default True, or ``FASTNLI_FUSED_ATTENTION`` = ``0``
-            to turn it off): the same bits as the plain graph, 1.06-1.21x faster on deberta-large-shaped graphs
-            (:mod:`fastnli.engine.fused_attention`). Where the operator library is not built or does not load,
+            to turn it off): the same bits as the plain graph, 1.05-1.11x faster end to end on a deberta-large-shaped
+            checkpoint (docs/benchmarks.md; :mod:`fastnli.engine.fused_attention`). Where the operator library is not built or does not load,
             sessions run the plain graph.
     """
 
