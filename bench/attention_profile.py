@@ -62,16 +62,14 @@ def profile_graph(graph: Path, rows: int, length: int, vocab: int, inputs: Seque
     compiled operator; else the plain graph)."""
     import onnxruntime as ort
 
-    from fastnli.engine import fused_attention
-    from fastnli.engine.session import SessionConfig, session_model, session_options
+    from fastnli.engine.session import SessionConfig, register_operators, session_model, session_options
 
     config = SessionConfig(fused_attention=fused)
     opts = session_options(config, threads)
     model = session_model(graph, config, int8="int8" in graph.name, relative_shift=fused, threads=threads)
-    if getattr(model, "fused_layers", 0):
-        fused_attention.register(opts)
-    elif fused:
+    if fused and not getattr(model, "fused_layers", 0):
         raise RuntimeError(f"{graph}: no layer's attention scores could be fused")
+    register_operators(opts, model)
     with tempfile.TemporaryDirectory() as tmp:
         opts.enable_profiling = True
         opts.profile_file_prefix = str(Path(tmp) / "ort")

@@ -13,7 +13,6 @@ import onnxruntime as ort
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from onnx import TensorProto, helper
 
 from fastnli.engine import NLIEngine
 from fastnli.engine import fused_attention as fa
@@ -27,15 +26,9 @@ PAIRS = [("A man is playing a guitar on stage.", "A man plays music."), ("Paris"
 
 
 def _op_session(threads: int) -> ort.InferenceSession:
-    names = ("qk", "c2p", "p2c")
-    node = helper.make_node(fa.OP_TYPE, list(names), ["y"], domain=fa.DOMAIN, threads=threads)
-    graph = helper.make_graph([node], "t", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(fa.DOMAIN, 1)],
-                              ir_version=8)
     options = ort.SessionOptions()
     fa.register(options)
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(fa.operator_model(threads), options, providers=["CPUExecutionProvider"])
 
 
 def test_the_operator_library_is_built_and_loads_here() -> None:

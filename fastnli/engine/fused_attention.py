@@ -27,7 +27,8 @@ import numpy as np
 
 logger = logging.getLogger("fastnli")
 
-__all__ = ["DOMAIN", "OP_TYPE", "fuse_relative_scores", "library", "register"]
+__all__ = ["DOMAIN", "OP_TYPE", "fuse_relative_scores", "library", "operator_model", "register",
+           "relative_scores"]
 
 DOMAIN = "ai.fastnli"
 OP_TYPE = "RelativeScores"
@@ -60,21 +61,28 @@ def register(options: Any) -> None:
     options.register_custom_ops_library(path)
 
 
-def _probe(path: str) -> None:
-    import onnxruntime as ort
+def operator_model(threads: int = 1) -> bytes:
+    """A serialized graph of one ``RelativeScores`` node with ``threads`` threads: inputs ``qk``, ``c2p``, ``p2c``,
+    output ``y``."""
     from onnx import TensorProto, helper
 
     names = ("qk", "c2p", "p2c")
-    node = helper.make_node(OP_TYPE, list(names), ["y"], domain=DOMAIN, threads=2)
-    graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
+    node = helper.make_node(OP_TYPE, list(names), ["y"], domain=DOMAIN, threads=threads)
+    graph = helper.make_graph([node], OP_TYPE, [helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
                                                 for n in names],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)],
                               ir_version=8)
+    return bytes(model.SerializeToString())
+
+
+def _probe(path: str) -> None:
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.register_custom_ops_library(path)
     options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(operator_model(threads=2), options, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     length = 37
     qk = rng.standard_normal((2, 3, length, length), dtype=np.float32)

@@ -179,6 +179,15 @@ class SessionGraph(bytes):
     fused_layers: int = 0
 
 
+def register_operators(options: Any, graph: str | Path | bytes) -> None:
+    """Register fastnli's operator library with ``onnxruntime.SessionOptions`` ``options`` when ``graph`` is a
+    :class:`SessionGraph` with fused layers (a session of it needs the library); else leave ``options`` as it is."""
+    if isinstance(graph, SessionGraph) and graph.fused_layers:
+        from fastnli.engine import fused_attention
+
+        fused_attention.register(options)
+
+
 def session_model(graph: str | Path, config: SessionConfig, int8: bool, relative_shift: bool = False,
                   threads: int = 0) -> str | bytes:
     """What a CPU session of ``graph`` loads: its path, or the graph rewritten and serialized. An INT8 graph gets
@@ -188,24 +197,20 @@ def session_model(graph: str | Path, config: SessionConfig, int8: bool, relative
     (:func:`fastnli.engine.fused_attention.fuse_relative_scores`, ``threads`` threads; 0: this process's cores);
     a rewritten graph comes back as a :class:`SessionGraph`. Build it once and hand it to every stream's
     :func:`create_session`."""
+    from fastnli.engine import fused_attention
+
     exact = int8 and exact_int8_wanted(config)
-    fuse = int8 and relative_shift and config.fused_attention
+    fuse = int8 and relative_shift and config.fused_attention and fused_attention.library() is not None
     if not (exact or fuse):
         return str(graph)
     try:
         import onnx
-    except ImportError:  # a runtime dependency; absent only after pip install --no-deps
-        if exact:
-            logger.warning("INT8 products on this CPU saturate (x86-64 without VNNI) and onnx, which makes them "
-                           "exact, is not installed: pip install onnx")
+    except ImportError:  # a runtime dependency, absent only after pip install --no-deps; then library() is None too
+        logger.warning("INT8 products on this CPU saturate (x86-64 without VNNI) and onnx, which makes them "
+                       "exact, is not installed: pip install onnx")
         return str(graph)
-    from fastnli.engine import fused_attention
     from fastnli.engine.u8_weights import weights_to_u8
 
-    if fuse and fused_attention.library() is None:
-        fuse = False
-        if not exact:
-            return str(graph)
     model = onnx.load(str(graph))
     exact = exact and weights_to_u8(model) > 0
     if exact:
@@ -302,10 +307,7 @@ def create_session(graph: str | Path | bytes, device: Device, config: SessionCon
         # ORT prints its own provider-load error through its default logger; we report the outcome ourselves.
         ort.set_default_logger_severity(4)
     disabled = [] if device == "cuda" else list(config.cpu_disabled_optimizers)
-    if isinstance(graph, SessionGraph) and graph.fused_layers:
-        from fastnli.engine import fused_attention
-
-        fused_attention.register(opts)
+    register_operators(opts, graph)
     try:
         session = ort.InferenceSession(graph if isinstance(graph, bytes) else str(graph), sess_options=opts,
                                        providers=providers,
