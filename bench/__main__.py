@@ -113,13 +113,13 @@ def _run(args: argparse.Namespace) -> int:
 
     from bench import plots
     from bench.roofline import gemm_peaks
-    from bench.run import BenchReport, machine_info, run_workload, uqlm_pairs
+    from bench.run import BACKENDS, BenchReport, machine_info, run_workload, uqlm_pairs
     from bench.workloads import long_workload, mixed_workload, short_workload
     from fastnli.engine import resolve_artifact
 
     t_start = time.perf_counter()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    backends = [b for b in ("uqlm", "torch", "fastnli-fp32", "fastnli-int8", "fastnli-int8-plain") if b not in skip]
+    backends = [b for b in BACKENDS if b not in skip]
     uqlm_py = uqlm_python(backends, args.install_uqlm)  # before any work: a missing venv stops the run here
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

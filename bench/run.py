@@ -126,13 +126,17 @@ def _row(workload: Workload, backend: str, seconds: float, pairs: int, real: int
     )
 
 
+#: Every backend of the bench, in the table's order ("fastnli-int8-plain": INT8 without the fused attention scores).
+BACKENDS: tuple[str, ...] = ("uqlm", "torch", "fastnli-fp32", "fastnli-int8", "fastnli-int8-plain")
+
+
 def run_workload(
     w: Workload,
     checkpoint: Path,
     artifact: Path,
     config: dict[str, Any],
     peaks: dict[str, float],
-    backends: Sequence[str] = ("uqlm", "torch", "fastnli-fp32", "fastnli-int8", "fastnli-int8-plain"),
+    backends: Sequence[str] = BACKENDS,
     status: Callable[[str], None] = lambda _m: None,
     uqlm_python: Path | None = None,
 ) -> list[BenchRow]:
