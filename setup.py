@@ -35,10 +35,10 @@ extensions = [
 
 ortops = Extension(
     "fastnli.kernels._ortops",  # loaded by path with SessionOptions.register_custom_ops_library, never imported
-    ["csrc/ortops/relative_scores.cpp"],
+    ["csrc/ortops/disentangled_scores.cpp"],
     include_dirs=["csrc/ortops/include"],
-    depends=[f"csrc/ortops/include/{name}" for name in
-             ("onnxruntime_c_api.h", "onnxruntime_ep_c_api.h", "onnxruntime_error_code.h", "README.md")],
+    depends=["csrc/ortops/scores_kernel.inc", *(f"csrc/ortops/include/{name}" for name in
+             ("onnxruntime_c_api.h", "onnxruntime_ep_c_api.h", "onnxruntime_error_code.h", "README.md"))],
     language="c++",
     extra_compile_args=["-O3", "-g0", "-std=c++17", "-fvisibility=hidden"],  # no debug info: 27 KB, not 313 KB
     extra_link_args=["-pthread"],

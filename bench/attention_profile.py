@@ -4,7 +4,7 @@ Builds a seeded deberta (v1) or deberta-v2 checkpoint at the large width (hidden
 of them, default 4: the shares per op type do not depend on the depth) and exports it (fp32 + dynamic INT8) once per
 attention graph of ``--graphs``: ``hf`` (as ``transformers`` writes it), ``window`` (the position window, the v2/v3
 default) and ``shift`` (the relative shift, the v1 default; ``fused``: the shift graph with its scores in fastnli's
-compiled ``RelativeScores`` operator, as INT8 CPU sessions run it, :mod:`fastnli.engine.fused_attention`). It runs
+compiled ``DisentangledScores`` operator, as INT8 CPU sessions run it, :mod:`fastnli.engine.fused_attention`). It runs
 ONNX Runtime's profiler on each INT8 graph, one thread, on a short batch (64 pairs x 24 tokens) and a long one (8 x 256), and prints the time share of each op type
 and of four groups: the INT8 GEMMs, the fp32 MatMuls (the attention products: QK^T, attention x V and the
 relative-position terms), the position plumbing (Slice, Transpose, GatherElements, Gather, Expand, Reshape, Concat,
@@ -66,7 +66,7 @@ def profile_graph(graph: Path, rows: int, length: int, vocab: int, inputs: Seque
 
     config = SessionConfig(fused_attention=fused)
     opts = session_options(config, threads)
-    model = session_model(graph, config, int8="int8" in graph.name, relative_shift=fused, threads=threads)
+    model = session_model(graph, config, int8="int8" in graph.name, relative_shift=fused)
     if fused and not getattr(model, "fused_layers", 0):
         raise RuntimeError(f"{graph}: no layer's attention scores could be fused")
     register_operators(opts, model)
@@ -217,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 m = read_manifest(art)
                 recipe = str(m.precisions["fp32"].recipe.get("attention", "as HF writes it"))
                 label = f"{arch} ({recipe.removesuffix(' (fastnli.exporter.attention)')})"
-                label += ", fused scores" if variant == FUSED else ""
+                label += ", fused attention" if variant == FUSED else ""
                 label += ", int8 attention" if int8_attention else ""
                 graphs[label] = (art / m.precisions[args.precision].file, m, variant == FUSED)
         vocab = 2000  # the seeded tokenizers' ids stay below this; the shares do not depend on the ids

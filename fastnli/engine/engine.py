@@ -446,8 +446,8 @@ class NLIEngine:
         # the other graphs are made from the fp32 graph, whose recipe names the attention it was exported with
         exported = self.manifest.precisions.get("fp32", self.manifest.precisions[precision])
         shift = exported.recipe.get("attention") == SHIFT_RECIPE
-        model = session_model(graph, self._session_config, int8=precision == "int8", relative_shift=shift,
-                              threads=threads)  # once for all streams
+        model = session_model(graph, self._session_config, int8=precision == "int8",
+                              relative_shift=shift)  # once for all streams
         sessions = [create_session(model, "cpu", self._session_config, threads)[0] for _ in range(streams)]
         self._set_sessions(sessions, "cpu", precision, exact_int8=getattr(model, "exact_int8", False), reason=reason,
                            fused_layers=getattr(model, "fused_layers", 0))

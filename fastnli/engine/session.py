@@ -55,10 +55,11 @@ class SessionConfig:
             two kernels run at one speed). Only INT8 CPU sessions are affected; ``True``
             on a VNNI CPU would give up its (already exact) VNNI kernels.
         fused_attention: compute DeBERTa v1's attention scores (relative shift graphs) with fastnli's compiled
-            ``RelativeScores`` operator in INT8 CPU sessions (default True, or ``FASTNLI_FUSED_ATTENTION`` = ``0``
-            to turn it off): the same bits as the plain graph, 1.05-1.11x faster end to end on a deberta-large-shaped
-            checkpoint (docs/benchmarks.md; :mod:`fastnli.engine.fused_attention`). Where the operator library is not built or does not load,
-            sessions run the plain graph.
+            ``DisentangledScores`` operator in INT8 CPU sessions (default True, or ``FASTNLI_FUSED_ATTENTION`` =
+            ``0`` to turn it off): the plain graph's attention to float rounding, 1.10x (short pairs) to 1.56x
+            (long) faster end to end on a deberta-large-shaped checkpoint (docs/benchmarks.md;
+            :mod:`fastnli.engine.fused_attention`). Where the operator library is not built, does not load, or has
+            no AVX2/AVX-512 kernel for this CPU, sessions run the plain graph.
     """
 
     intra_op_threads: int = field(default_factory=lambda: env_int("FASTNLI_THREADS", 0, minimum=0))
@@ -161,11 +162,6 @@ def session_options(config: SessionConfig, intra_op_threads: int | None = None) 
     return opts
 
 
-def _cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 class SessionGraph(bytes):
     """A graph :func:`session_model` rewrote, serialized, with what it did.
 
@@ -188,15 +184,13 @@ def register_operators(options: Any, graph: str | Path | bytes) -> None:
         fused_attention.register(options)
 
 
-def session_model(graph: str | Path, config: SessionConfig, int8: bool, relative_shift: bool = False,
-                  threads: int = 0) -> str | bytes:
+def session_model(graph: str | Path, config: SessionConfig, int8: bool, relative_shift: bool = False) -> str | bytes:
     """What a CPU session of ``graph`` loads: its path, or the graph rewritten and serialized. An INT8 graph gets
     uint8 weights where :func:`exact_int8_wanted` (:func:`fastnli.engine.u8_weights.weights_to_u8`), and an INT8
     graph exported with the relative shift (``relative_shift``) gets the fused attention scores where
     :attr:`SessionConfig.fused_attention` and the operator library loads
-    (:func:`fastnli.engine.fused_attention.fuse_relative_scores`, ``threads`` threads; 0: this process's cores);
-    a rewritten graph comes back as a :class:`SessionGraph`. Build it once and hand it to every stream's
-    :func:`create_session`."""
+    (:func:`fastnli.engine.fused_attention.fuse_attention`); a rewritten graph comes back as a
+    :class:`SessionGraph`. Build it once and hand it to every stream's :func:`create_session`."""
     from fastnli.engine import fused_attention
 
     exact = int8 and exact_int8_wanted(config)
@@ -215,7 +209,7 @@ def session_model(graph: str | Path, config: SessionConfig, int8: bool, relative
     exact = exact and weights_to_u8(model) > 0
     if exact:
         _log_exact_int8_once()
-    fused = fused_attention.fuse_relative_scores(model, threads if threads > 0 else _cores()) if fuse else 0
+    fused = fused_attention.fuse_attention(model) if fuse else 0
     if fused:
         logger.debug("%s: the attention scores of %d layers run fused", graph, fused)
     if not (exact or fused):
