@@ -35,9 +35,9 @@ extensions = [
 
 ortops = Extension(
     "fastnli.kernels._ortops",  # loaded by path with SessionOptions.register_custom_ops_library, never imported
-    ["csrc/ortops/disentangled_scores.cpp"],
+    ["csrc/ortops/disentangled_attention.cpp"],
     include_dirs=["csrc/ortops/include"],
-    depends=["csrc/ortops/scores_kernel.inc", *(f"csrc/ortops/include/{name}" for name in
+    depends=["csrc/ortops/attention_kernel.inc", *(f"csrc/ortops/include/{name}" for name in
              ("onnxruntime_c_api.h", "onnxruntime_ep_c_api.h", "onnxruntime_error_code.h", "README.md"))],
     language="c++",
     extra_compile_args=["-O3", "-g0", "-std=c++17", "-fvisibility=hidden"],  # no debug info: 27 KB, not 313 KB

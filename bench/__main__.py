@@ -33,7 +33,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="bench/results", help="output directory (default: bench/results)")
     p.add_argument("--workloads", default="short,long", help="comma-separated: short, long, mixed")
     p.add_argument("--skip", default="", help="backends to skip: uqlm, torch, fastnli-fp32, fastnli-int8, "
-                   "fastnli-int8-plain (INT8 without the fused attention scores)")
+                   "fastnli-int8-plain (INT8 without the fused attention)")
     p.add_argument("--quick", action="store_true", help="tiny checkpoint, small workloads, no sweeps' long tail")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--install-uqlm", action="store_true",

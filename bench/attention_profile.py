@@ -3,8 +3,8 @@
 Builds a seeded deberta (v1) or deberta-v2 checkpoint at the large width (hidden 1024, 16 heads; ``--layers``
 of them, default 4: the shares per op type do not depend on the depth) and exports it (fp32 + dynamic INT8) once per
 attention graph of ``--graphs``: ``hf`` (as ``transformers`` writes it), ``window`` (the position window, the v2/v3
-default) and ``shift`` (the relative shift, the v1 default; ``fused``: the shift graph with its scores in fastnli's
-compiled ``DisentangledScores`` operator, as INT8 CPU sessions run it, :mod:`fastnli.engine.fused_attention`). It runs
+default) and ``shift`` (the relative shift, the v1 default; ``fused``: the shift graph with its attention in fastnli's
+compiled ``DisentangledAttention`` operator, as INT8 CPU sessions run it, :mod:`fastnli.engine.fused_attention`). It runs
 ONNX Runtime's profiler on each INT8 graph, one thread, on a short batch (64 pairs x 24 tokens) and a long one (8 x 256), and prints the time share of each op type
 and of four groups: the INT8 GEMMs, the fp32 MatMuls (the attention products: QK^T, attention x V and the
 relative-position terms), the position plumbing (Slice, Transpose, GatherElements, Gather, Expand, Reshape, Concat,
@@ -143,7 +143,7 @@ def end_to_end(graphs: dict[str, Path], precision: str, runs: int, fused: Sequen
     long NCP workloads, the graphs alternating within each run; best of ``runs``. The first graph is the reference of
     the ratios and of the largest probability difference; ``fp32_agreement`` is each graph's share of pairs with the
     first graph's fp32 argmax (1.0 for fp32 graphs of the same function). The graphs labelled in ``fused`` run with
-    the fused attention scores, the others plain."""
+    the fused attention, the others plain."""
     from bench.workloads import long_workload, ncp_pairs, short_workload
     from fastnli.engine import NLIEngine
     from fastnli.engine.session import SessionConfig

@@ -126,7 +126,7 @@ def _row(workload: Workload, backend: str, seconds: float, pairs: int, real: int
     )
 
 
-#: Every backend of the bench, in the table's order ("fastnli-int8-plain": INT8 without the fused attention scores).
+#: Every backend of the bench, in the table's order ("fastnli-int8-plain": INT8 without the fused attention).
 BACKENDS: tuple[str, ...] = ("uqlm", "torch", "fastnli-fp32", "fastnli-int8", "fastnli-int8-plain")
 
 

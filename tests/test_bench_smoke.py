@@ -70,7 +70,7 @@ def test_attention_profile_of_the_fused_graph_shows_the_operator_instead_of_the_
     graph = art_v1 / m.precisions["int8"].file
     plain = profile_graph(graph, 4, 40, 100, m.inputs, runs=1)
     fused = profile_graph(graph, 4, 40, 100, m.inputs, runs=1, fused=True)
-    assert fused["DisentangledScores"] > 0 and "DisentangledScores" not in plain and plain["Slice"] > 0
+    assert fused["DisentangledAttention"] > 0 and "DisentangledAttention" not in plain and plain["Slice"] > 0
 
 
 @pytest.mark.uqlm
@@ -84,7 +84,7 @@ def test_bench_quick_writes_table_json_and_plots(ckpt_v1: Path, art_v1: Path, tm
     backends = {(r["workload"], r["backend"]) for r in report["rows"]}
     assert ("short", "uqlm") in backends and ("short", "fastnli-int8-cpu") in backends
     assert ("long", "pytorch-fp32-b32") in backends and ("long", "fastnli-fp32-cpu") in backends
-    assert ("short", "fastnli-int8-plain-cpu") in backends  # the INT8 graph without the fused attention scores
+    assert ("short", "fastnli-int8-plain-cpu") in backends  # the INT8 graph without the fused attention
     delta = {(r["workload"], r["backend"]): r["ncp_max_abs_delta"] for r in report["rows"]}
     for workload in ("short", "long"):  # fused or not, the same NCP to float rounding
         assert abs(delta[(workload, "fastnli-int8-cpu")] - delta[(workload, "fastnli-int8-plain-cpu")]) <= 1e-4

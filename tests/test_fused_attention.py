@@ -1,6 +1,6 @@
-"""The compiled DisentangledScores operator (csrc/ortops) and the fused attention scores of DeBERTa v1 INT8 graphs on
-CPU (fastnli.engine.fused_attention): NumPy's scores to float rounding, the plain graph's probabilities, and the plain
-graph wherever the operator is off, missing or without a vector kernel."""
+"""The compiled DisentangledAttention operator (csrc/ortops) and the fused self-attention of DeBERTa v1 INT8 graphs
+on CPU (fastnli.engine.fused_attention): NumPy's attention to float rounding, the plain graph's probabilities, and the
+plain graph wherever the operator is off, missing or without a vector kernel."""
 
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ PAIRS = [("A man is playing a guitar on stage.", "A man plays music."), ("Paris"
          ("Two dogs run through a field.", "Animals are outside.")]
 
 
-def _op_session(threads: int, masked: bool = True) -> ort.InferenceSession:
+def _op_session(threads: int) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     fa.register(options)
-    return ort.InferenceSession(fa.operator_model(masked), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(fa.operator_model(), options, providers=["CPUExecutionProvider"])
 
 
 def test_the_operator_library_is_built_and_loads_here() -> None:
@@ -37,34 +37,37 @@ def test_the_operator_library_is_built_and_loads_here() -> None:
     assert path is not None and Path(path).name.startswith("_ortops")
 
 
-def test_numpy_reference_reads_the_two_bands_as_the_exported_graph_defines_them() -> None:
-    feeds = fa.random_inputs((2,), 5, 3, seed=1)
-    q, kt, pkt, pqt = (feeds[n].astype(np.float64) for n in fa.INPUTS[:4])
-    want = np.empty((2, 5, 5))
-    for n in range(2):
-        qk, c2p, p2c = q[n] @ kt[n], q[n] @ pkt[n], kt[n].T @ pqt[n]  # the graph's three products, (L, L), (L, 2L)
-        for i in range(5):
-            for j in range(5):  # c2p[i, j] = q_i . pos_key[i - j + L]; p2c[i, j] = k_j . pos_query[i - j + L]
-                want[n, i, j] = qk[i, j] + c2p[i, 5 - 1 - i + j] + p2c[j, 5 - j + i]
-    assert np.allclose(fa.disentangled_scores(**feeds), want, rtol=1e-6, atol=1e-6)
+def test_numpy_reference_is_debertas_attention_with_the_bands_the_exported_graph_defines() -> None:
+    batch, heads, length, width = 2, 2, 5, 3
+    feeds = fa.random_inputs(batch, heads, length, width, seed=1)
+    qkv = feeds["qkv"].astype(np.float64).reshape(batch, length, heads, 3 * width)
+    qb, vb = (feeds[n].astype(np.float64).reshape(heads, width) for n in ("q_bias", "v_bias"))
+    pkt, pqt = (feeds[n].astype(np.float64)[0] for n in ("pkT", "pqT"))  # (heads, width, 2L)
+    masked, scale = feeds["masked"][:, 0], float(feeds["scale"])
+    want = np.empty((batch, length, heads * width))
+    for b in range(batch):
+        for h in range(heads):
+            q = (qkv[b, :, h, :width] + qb[h]) / scale
+            k, v = qkv[b, :, h, width:2 * width], qkv[b, :, h, 2 * width:] + vb[h]
+            qk, c2p, p2c = q @ k.T, q @ pkt[h], k @ pqt[h]  # the graph's three products, (L, L), (L, 2L), (L, 2L)
+            for i in range(length):
+                row = np.array([qk[i, j] + c2p[i, length - 1 - i + j] + p2c[j, length - j + i]
+                                for j in range(length)])  # c2p: q_i . pos_key[i - j + L]; p2c: k_j . pos_query[...]
+                row = np.where(masked[b, i], -3.4028234663852886e38, row)
+                p = np.exp(row - row.max())
+                want[b, i, h * width:(h + 1) * width] = (p / p.sum()) @ v
+    assert np.allclose(fa.disentangled_attention(**feeds), want, rtol=1e-6, atol=1e-6)
 
 
-@given(lead=st.lists(st.integers(1, 3), min_size=0, max_size=2), length=st.integers(1, 70),
-       width=st.sampled_from([1, 3, 16, 64]), threads=st.integers(1, 4), broadcast=st.booleans(),
-       mask=st.sampled_from(["none", "rows", "keys", "per block"]), seed=st.integers(0, 2**16))
-def test_operator_equals_numpy_at_any_shape_thread_count_and_mask(lead: list[int], length: int, width: int,
-                                                                  threads: int, broadcast: bool, mask: str,
-                                                                  seed: int) -> None:
-    position_lead = tuple([1] * (len(lead) - 1) + lead[-1:]) if broadcast and lead else tuple(lead)
-    mask_shape = {"none": None, "rows": (*lead[:1], *[1] * len(lead[1:]), length, length),  # the graph's (B, 1, L, L)
-                  "keys": (1, length), "per block": (*lead, length, length)}[mask]
-    feeds = fa.random_inputs(tuple(lead), length, width, seed, position_lead, mask_shape)
-    got = _op_session(threads, masked=mask != "none").run(None, feeds)[0]
-    want = fa.disentangled_scores(**feeds)
-    assert fa.within_tolerance(got, want)
-    if mask != "none":  # probabilities; a left-out position gets 0 unless its whole row is left out
-        masked = np.broadcast_to(feeds["masked"], got.shape)
-        assert np.allclose(got.sum(-1), 1, atol=1e-5) and not got[masked & ~masked.all(-1, keepdims=True)].any()
+@given(batch=st.integers(1, 3), heads=st.integers(1, 3), length=st.integers(1, 70),
+       width=st.sampled_from([1, 3, 16, 64]), threads=st.integers(1, 4),
+       mask=st.sampled_from(["pairs", "keys", "per head", "shared"]), seed=st.integers(0, 2**16))
+def test_operator_equals_numpy_at_any_shape_thread_count_and_mask(batch: int, heads: int, length: int, width: int,
+                                                                  threads: int, mask: str, seed: int) -> None:
+    mask_shape = {"pairs": (batch, 1, length, length), "keys": (batch, 1, 1, length),  # the graph's is "pairs"
+                  "per head": (batch, heads, length, length), "shared": (length, length)}[mask]
+    feeds = fa.random_inputs(batch, heads, length, width, seed, mask_shape)
+    assert fa.within_tolerance(_op_session(threads).run(None, feeds)[0], fa.disentangled_attention(**feeds))
 
 
 @pytest.mark.parametrize("isa", ["avx2", "generic"])
@@ -76,40 +79,54 @@ def test_the_narrower_kernels_compute_the_same(isa: str) -> None:
     import sys
 
     script = f"""
-import numpy as np, onnxruntime as ort
+import onnxruntime as ort
 from fastnli.engine import fused_attention as fa
 path = fa.library() if "{isa}" == "avx2" else __import__("importlib.util").util.find_spec(fa._MODULE).origin
 assert fa.vector_width(path) == {{"avx2": 8, "generic": 4}}["{isa}"], fa.vector_width(path)
 options = ort.SessionOptions(); options.intra_op_num_threads = 2; options.register_custom_ops_library(path)
-for masked in (False, True):
-    session = ort.InferenceSession(fa.operator_model(masked), options, providers=["CPUExecutionProvider"])
-    for length in (1, 3, 7, 8, 9, 16, 17, 31, 33, 70):
-        feeds = fa.random_inputs((2, 3), length, 16, seed=length, position_lead=(1, 3),
-                                 mask_shape=(2, 1, length, length) if masked else None)
-        assert fa.within_tolerance(session.run(None, feeds)[0], fa.disentangled_scores(**feeds)), (masked, length)
+session = ort.InferenceSession(fa.operator_model(), options, providers=["CPUExecutionProvider"])
+for length in (1, 3, 7, 8, 9, 16, 17, 31, 33, 70):
+    for width in (3, 16, 24):
+        feeds = fa.random_inputs(2, 3, length, width, seed=length)
+        assert fa.within_tolerance(session.run(None, feeds)[0], fa.disentangled_attention(**feeds)), (length, width)
 """
     env = {**os.environ, "FASTNLI_OPERATOR_ISA": isa}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+def test_a_bad_kernel_cap_is_an_error_that_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    fa.library.cache_clear()
+    monkeypatch.setenv("FASTNLI_OPERATOR_ISA", "avx9")
+    try:
+        with pytest.raises(ValueError, match=r"^FASTNLI_OPERATOR_ISA='avx9' is not one of 'auto', 'avx512', 'avx2', "
+                                             r"'generic'; set it to one of them, or unset it \(default 'auto'\)$"):
+            fa.library()
+    finally:
+        fa.library.cache_clear()
+
+
 def test_a_row_with_every_position_left_out_is_uniform_as_in_the_graph() -> None:
-    feeds = fa.random_inputs((1, 2), 5, 4, seed=3, mask_shape=(1, 1, 5, 5))
+    feeds = fa.random_inputs(1, 2, 5, 4, seed=3)  # the last row of each pair is all masked: exp(fill - fill) = 1 each
+    feeds["v_bias"][:] = 0
     got = _op_session(1).run(None, feeds)[0]
-    assert np.allclose(got[..., -1, :], 1 / 5, atol=1e-7)  # the last row is all masked: exp(fill - fill) = 1 each
+    values = feeds["qkv"].reshape(1, 5, 2, 12)[..., 8:]  # (1, L, heads, width)
+    assert np.allclose(got[0, -1].reshape(2, 4), values[0].mean(axis=0), atol=1e-6)
 
 
 def test_operator_names_the_shapes_it_needs() -> None:
-    feeds = fa.random_inputs((2, 3), 4, 8, seed=0, mask_shape=(2, 1, 4, 4))
+    feeds = fa.random_inputs(2, 3, 4, 8, seed=0)
     session = _op_session(1)
-    positions = (r"DisentangledScores: pkT and pqT must be \(\.\.\., d, 2L\), their leading dimensions q's or "
-                 r"broadcast to them, and alike")
-    bad = {"kT": (feeds["kT"][..., :-1], r"DisentangledScores: kT must be \(\.\.\., d, L\) with q's leading dimensions"),
-           "pkT": (feeds["pkT"][..., :-1], positions), "pqT": (np.ascontiguousarray(feeds["pqT"][:1, :2]), positions),
-           "masked": (feeds["masked"][..., :3], r"DisentangledScores: masked must be \(\.\.\., L or 1, L\), its "
-                                                r"leading dimensions q's or broadcast to them"),
-           "fill": (np.zeros(2, np.float32), r"DisentangledScores: fill must be one value"),
-           "q": (np.zeros(3, np.float32), r"DisentangledScores: q must be \(\.\.\., L, d\)")}
+    positions = (r"DisentangledAttention: pkT and pqT must be \(\.\.\., H, d, 2L\) alike, their leading "
+                 r"dimensions broadcast to \(B, H\)")
+    bad = {"qkv": (feeds["qkv"][..., :-1], r"DisentangledAttention: qkv must be \(B, L, 3 H d\) with pkT's H and d"),
+           "pkT": (feeds["pkT"][..., :-1], positions),
+           "pqT": (np.ascontiguousarray(np.concatenate([feeds["pqT"]] * 2)), positions),
+           "q_bias": (feeds["q_bias"][..., :-1], r"DisentangledAttention: q_bias and v_bias must hold H d values"),
+           "masked": (feeds["masked"][..., :3], r"DisentangledAttention: masked must be \(\.\.\., L or 1, L\), its "
+                                                r"leading dimensions broadcast to \(B, H\)"),
+           "scale": (np.ones(2, np.float32), r"DisentangledAttention: scale must be one value"),
+           "fill": (np.zeros(2, np.float32), r"DisentangledAttention: fill must be one value")}
     for name, (value, message) in bad.items():
         with pytest.raises(Exception, match=message):
             session.run(None, {**feeds, name: value})
@@ -146,11 +163,13 @@ def test_fusing_a_shift_graph_replaces_every_layer_and_keeps_its_probabilities(a
     model = onnx.load(path)
     layers = sum(1 for n in model.graph.node if n.op_type == "Softmax")
     products = sum(1 for n in model.graph.node if n.op_type == "MatMul")
+    transposes = sum(1 for n in model.graph.node if n.op_type == "Transpose")
     assert fa.fuse_attention(model) == layers > 0
     ops = [n.op_type for n in model.graph.node]
-    assert ops.count(fa.OP_TYPE) == layers and "Transpose" in ops  # the heads' transposes stay
-    assert ops.count("MatMul") == products - 3 * layers  # QK^T and the two position products are in the operator
-    assert "Softmax" not in ops and all(len(n.input) == 6 for n in model.graph.node if n.op_type == fa.OP_TYPE)
+    assert ops.count(fa.OP_TYPE) == layers and "Softmax" not in ops and "Where" not in ops
+    assert ops.count("MatMul") == products - 4 * layers  # QK^T, the two position products, attention x values
+    # the heads' split and merge, the keys' and the p2c band's: the position terms' transposes feed the operator
+    assert ops.count("Transpose") == transposes - 4 * layers
     assert not any(n.op_type == "Slice" and "attention/self/Slice_7" in n.name for n in model.graph.node)
     options = ort.SessionOptions()
     fa.register(options)

@@ -54,9 +54,9 @@ class SessionConfig:
             shipped model on snli/dev, 2 cores: 233 vs 284 pairs/s on an AVX2 EPYC, 95 vs 94 on a Zen 1 EPYC, whose
             two kernels run at one speed). Only INT8 CPU sessions are affected; ``True``
             on a VNNI CPU would give up its (already exact) VNNI kernels.
-        fused_attention: compute DeBERTa v1's attention scores (relative shift graphs) with fastnli's compiled
-            ``DisentangledScores`` operator in INT8 CPU sessions (default True, or ``FASTNLI_FUSED_ATTENTION`` =
-            ``0`` to turn it off): the plain graph's attention to float rounding, 1.10x (short pairs) to 1.56x
+        fused_attention: run DeBERTa v1's self-attention (relative shift graphs) in fastnli's compiled
+            ``DisentangledAttention`` operator in INT8 CPU sessions (default True, or ``FASTNLI_FUSED_ATTENTION`` =
+            ``0`` to turn it off): the plain graph's attention to float rounding, 1.33x (short pairs) to 1.54x
             (long) faster end to end on a deberta-large-shaped checkpoint (docs/benchmarks.md;
             :mod:`fastnli.engine.fused_attention`). Where the operator library is not built, does not load, or has
             no AVX2/AVX-512 kernel for this CPU, sessions run the plain graph.
@@ -187,7 +187,7 @@ def register_operators(options: Any, graph: str | Path | bytes) -> None:
 def session_model(graph: str | Path, config: SessionConfig, int8: bool, relative_shift: bool = False) -> str | bytes:
     """What a CPU session of ``graph`` loads: its path, or the graph rewritten and serialized. An INT8 graph gets
     uint8 weights where :func:`exact_int8_wanted` (:func:`fastnli.engine.u8_weights.weights_to_u8`), and an INT8
-    graph exported with the relative shift (``relative_shift``) gets the fused attention scores where
+    graph exported with the relative shift (``relative_shift``) gets the fused attention where
     :attr:`SessionConfig.fused_attention` and the operator library loads
     (:func:`fastnli.engine.fused_attention.fuse_attention`); a rewritten graph comes back as a
     :class:`SessionGraph`. Build it once and hand it to every stream's :func:`create_session`."""
