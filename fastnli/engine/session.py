@@ -211,7 +211,7 @@ def session_model(graph: str | Path, config: SessionConfig, int8: bool, relative
         _log_exact_int8_once()
     fused = fused_attention.fuse_attention(model) if fuse else 0
     if fused:
-        logger.debug("%s: the attention scores of %d layers run fused", graph, fused)
+        logger.debug("%s: the self-attention of %d layers runs fused", graph, fused)
     if not (exact or fused):
         return str(graph)
     data = SessionGraph(model.SerializeToString())
