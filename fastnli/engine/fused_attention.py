@@ -203,8 +203,12 @@ def _chain(producer: dict[str, Any], name: str, ops: Iterable[str]) -> list[Any]
 _BAND = ("Slice", "Reshape", "Slice", "Reshape", "MatMul")  # the band's chain read back from its last Slice
 
 
+def _perm(node: Any) -> list[int] | None:
+    return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+
+
 def _swaps_last_axes(node: Any) -> bool:
-    perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+    perm = _perm(node)
     return perm is not None and len(perm) >= 2 and perm[-2:] == [len(perm) - 1, len(perm) - 2] \
         and perm[:-2] == list(range(len(perm) - 2))
 
@@ -231,27 +235,28 @@ def _only_reader(readers: dict[str, list[Any]], name: str, op: str, besides: str
     return nodes[0] if len(nodes) == 1 and nodes[0].op_type == op else None
 
 
-def _perm(node: Any) -> list[int] | None:
-    return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
-
-
 class _Graph:
     """What the pattern match reads of a graph: producers, readers and constant values by tensor name."""
 
     def __init__(self, graph: Any) -> None:
-        from onnx import numpy_helper
-
         self.producer = {out: node for node in graph.node for out in node.output}
         self.readers: dict[str, list[Any]] = {}
         for node in graph.node:
             for name in node.input:
                 self.readers.setdefault(name, []).append(node)
-        self.constants = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+        self._tensors = {i.name: i for i in graph.initializer}  # read as arrays only when asked: the weights stay put
         for node in graph.node:  # in graph order: an Identity of a constant follows it
             if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-                self.constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-            elif node.op_type == "Identity" and node.input[0] in self.constants:
-                self.constants[node.output[0]] = self.constants[node.input[0]]
+                self._tensors[node.output[0]] = node.attribute[0].t
+            elif node.op_type == "Identity" and node.input[0] in self._tensors:
+                self._tensors[node.output[0]] = self._tensors[node.input[0]]
+
+    def constant(self, name: str) -> np.ndarray | None:
+        """The value of ``name`` when it is an initializer, a Constant or an Identity of one; else None."""
+        from onnx import numpy_helper
+
+        tensor = self._tensors.get(name)
+        return None if tensor is None else numpy_helper.to_array(tensor)
 
     def op(self, name: str, op_type: str) -> Any | None:
         node = self.producer.get(name)
@@ -262,7 +267,7 @@ class _Graph:
         node = self.op(name, "Slice")
         if node is None or len(node.input) < 4:
             return None
-        axes = self.constants.get(node.input[3])
+        axes = self.constant(node.input[3])
         return node if axes is not None and axes.size == 1 and int(axes.reshape(())) in (-1, 3) else None
 
     def biased_slice(self, name: str) -> tuple[Any, str] | None:
@@ -332,7 +337,7 @@ def _picked_dim(g: _Graph, node: Any) -> int | None:
     """The one dimension (counted from the end of a rank-4 shape) that ``node``, a Gather or Slice on axis 0 of a
     shape with constant indices, takes; else None."""
     axes = [a.i for a in node.attribute if a.name == "axis"]
-    values = [g.constants.get(name) for name in node.input[1:]]
+    values = [g.constant(name) for name in node.input[1:]]
     if any(v is None or v.size != 1 for v in values):
         return None
     ints = [int(v.reshape(())) for v in values if v is not None]
@@ -349,7 +354,7 @@ def _shape_rewires(g: _Graph, query: list[str], qkv: str, q_bias: str) -> list[t
     """``(Shape node, new input)`` for each Shape node that reads one of the ``query`` tensors (rank 4, ``(B, H, L,
     d)``) only for its d or its L: fed from a tensor the fused graph still computes (:data:`_SHAPE_STAND_INS`), the
     query's Slice and Transpose need not run for it."""
-    bias = g.constants.get(q_bias)
+    bias = g.constant(q_bias)
     stand_ins = [qkv, q_bias if bias is not None and bias.ndim == 4 else None]
     rewires = []
     for name in query:
