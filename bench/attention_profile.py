@@ -58,7 +58,7 @@ def group(op: str) -> str:
 def profile_graph(graph: Path, rows: int, length: int, vocab: int, inputs: Sequence[str], runs: int = 3,
                   threads: int = 1, fused: bool = False) -> dict[str, float]:
     """Microseconds per op type of one run of ``graph`` on a ``rows x length`` batch (mean of ``runs`` after a
-    warm-up), in a CPU session set up as the engine sets its sessions up (``fused``: with the attention scores in the
+    warm-up), in a CPU session set up as the engine sets its sessions up (``fused``: with the self-attention in the
     compiled operator; else the plain graph)."""
     import onnxruntime as ort
 
@@ -68,7 +68,7 @@ def profile_graph(graph: Path, rows: int, length: int, vocab: int, inputs: Seque
     opts = session_options(config, threads)
     model = session_model(graph, config, int8="int8" in graph.name, relative_shift=fused)
     if fused and not getattr(model, "fused_layers", 0):
-        raise RuntimeError(f"{graph}: no layer's attention scores could be fused")
+        raise RuntimeError(f"{graph}: no layer's self-attention could be fused")
     register_operators(opts, model)
     with tempfile.TemporaryDirectory() as tmp:
         opts.enable_profiling = True
@@ -107,7 +107,7 @@ def shares(per_op: dict[str, float]) -> dict[str, Any]:
 
 
 GRAPHS = {"hf": (False, False), "window": (False, True), "shift": (True, True)}  # (relative_shift, position_window)
-FUSED = "fused"  # the shift graph's export, its scores fused at load
+FUSED = "fused"  # the shift graph's export, its self-attention fused at load
 
 
 #: The dynamic INT8 recipe with the attention products quantized too (``--int8-attention``).
@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--graphs", default="hf,window,shift,fused",
                    help="comma-separated graphs to profile alternately in one run: hf (the attention as transformers "
                    "writes it), window (the position window: the v2/v3 default), shift (v1's relative shift: the v1 "
-                   "export), fused (the shift graph with its scores in the compiled operator: how INT8 CPU sessions "
+                   "export), fused (the shift graph with its attention in the compiled operator: how INT8 CPU sessions "
                    "run v1); default all four (shift and fused: v1 only)")
     p.add_argument("--int8-attention", action="store_true",
                    help="also export each graph with the attention products quantized (INT8 only) and compare")

@@ -298,7 +298,7 @@ class NLIEngine:
         streams: sessions running batches concurrently (CPU: see :func:`fastnli.engine.session.cpu_streams`).
         exact_int8: whether the INT8 graph runs on ORT's exact U8U8 kernels (uint8 weights, see
             :attr:`fastnli.engine.session.SessionConfig.exact_int8`); False for other graphs and devices.
-        fused_layers: the layers whose attention scores run in fastnli's compiled operator (DeBERTa v1 INT8 graphs
+        fused_layers: the layers whose self-attention runs in fastnli's compiled operator (DeBERTa v1 INT8 graphs
             on CPU, :mod:`fastnli.engine.fused_attention`); 0 for other graphs and devices.
         manifest: the artifact's manifest (source, versions, validation figures).
         precision_reason: why :attr:`precision` was picked, in words (``fastnli info`` prints it), e.g. ``"picked

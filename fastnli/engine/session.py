@@ -167,7 +167,7 @@ class SessionGraph(bytes):
 
     Attributes:
         exact_int8: its INT8 weights were moved to uint8 (:attr:`SessionConfig.exact_int8`).
-        fused_layers: the layers whose attention scores run fused; above 0, :func:`create_session` registers the
+        fused_layers: the layers whose self-attention runs fused; above 0, :func:`create_session` registers the
             operator library (:mod:`fastnli.engine.fused_attention`).
     """
 
