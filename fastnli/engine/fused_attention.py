@@ -285,16 +285,13 @@ class _Graph:
 def _masked_softmax(readers: dict[str, list[Any]], scores: str) -> tuple[Any, list[str]] | None:
     """``(Softmax node, [masked, fill])`` when ``scores`` is read only by ``Where(masked, fill, scores)`` and that
     only by a Softmax over the last axis (the exported graph's masked softmax); else None."""
-    where = readers.get(scores, [])
-    if len(where) != 1 or where[0].op_type != "Where" or list(where[0].input).index(scores) != 2:
+    where = _only_reader(readers, scores, "Where")
+    if where is None or list(where.input).index(scores) != 2:
         return None
-    softmax = readers.get(where[0].output[0], [])
-    if len(softmax) != 1 or softmax[0].op_type != "Softmax":
+    softmax = _only_reader(readers, where.output[0], "Softmax")
+    if softmax is None or next((a.i for a in softmax.attribute if a.name == "axis"), None) != -1:
         return None
-    axis = next((a.i for a in softmax[0].attribute if a.name == "axis"), None)
-    if axis != -1:
-        return None
-    return softmax[0], list(where[0].input[:2])
+    return softmax, list(where.input[:2])
 
 
 def _attention_operands(g: _Graph, q: str, kt: str, softmax: Any) -> tuple[list[str], Any, list[str]] | None:
