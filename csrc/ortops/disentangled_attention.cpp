@@ -38,6 +38,7 @@
 #include <cstdlib>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -63,8 +64,6 @@ struct HeadArgs {
   int64_t mask_row_stride;
   float fill;
 };
-
-inline float ExpScalar(float x) { return std::exp(x); }
 
 // The constants of Exp (attention_kernel.inc): e^x for x <= 0 (a softmax's shifted scores) as 2^n p(r), Cephes'
 // degree-6 polynomial on r = x - n ln 2; 0 below -87.3, where 2^n would leave the normal floats.
@@ -94,6 +93,10 @@ inline V Pow2(V n) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
 }
 inline V KeepAtLeast(V x, V low, V value) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, low, _CMP_GE_OQ), value); }
+inline V Masked(const bool* m, V fill, V x) {
+  const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m)));
+  return _mm512_mask_blend_ps(_mm512_test_epi32_mask(bytes, bytes), x, fill);
+}
 #include "attention_kernel.inc"
 }  // namespace avx512
 #pragma GCC pop_options
@@ -126,6 +129,10 @@ inline V Pow2(V n) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
 }
 inline V KeepAtLeast(V x, V low, V value) { return _mm256_and_ps(_mm256_cmp_ps(x, low, _CMP_GE_OQ), value); }
+inline V Masked(const bool* m, V fill, V x) {
+  const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)));
+  return _mm256_blendv_ps(x, fill, _mm256_castsi256_ps(_mm256_cmpgt_epi32(bytes, _mm256_setzero_si256())));
+}
 #include "attention_kernel.inc"
 }  // namespace avx2
 #pragma GCC pop_options
@@ -154,11 +161,14 @@ inline V Pow2(V n) {
            std::ldexp(1.0f, static_cast<int>(n[2])), std::ldexp(1.0f, static_cast<int>(n[3]))};
 }
 inline V KeepAtLeast(V x, V low, V value) { return x >= low ? value : V{}; }
+inline V Masked(const bool* m, V fill, V x) {
+  return V{m[0] ? fill[0] : x[0], m[1] ? fill[1] : x[1], m[2] ? fill[2] : x[2], m[3] ? fill[3] : x[3]};
+}
 #include "attention_kernel.inc"
 }  // namespace generic
 
 typedef void (*ProbabilitiesFn)(const HeadArgs&);
-typedef void (*ValuesFn)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+typedef void (*ValuesFn)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
 
 struct Isa {
   int width;
@@ -260,25 +270,32 @@ void RunBlock(void* data, size_t index) {
   const int64_t b = n / H, h = n % H, row = 3 * H * d;
   thread_local std::vector<float> q, keys, values, probabilities;
   q.resize(L * d);
-  keys.assign(d * Lp, 0.0f);
-  values.assign(L * dp, 0.0f);
-  probabilities.resize(L * L);
+  keys.resize(d * Lp);
+  values.resize(L * dp);
+  probabilities.resize(L * Lp);
   const float* qb = w.q_bias + h * d;
   const float* vb = w.v_bias + h * d;
+  const float inverse = 1.0f / w.scale;  // the graph divides; this rounds once more (relative 6e-8)
+  const float* head = w.qkv + b * L * row + h * 3 * d;
   for (int64_t i = 0; i < L; ++i) {
-    const float* src = w.qkv + (b * L + i) * row + h * 3 * d;
-    for (int64_t k = 0; k < d; ++k) {
-      q[i * d + k] = (src[k] + qb[k]) / w.scale;  // the graph's Add, then Div
-      keys[k * Lp + i] = src[d + k];
-      values[i * dp + k] = src[2 * d + k] + vb[k];
-    }
+    const float* src = head + i * row;
+    float* qi = q.data() + i * d;
+    float* vi = values.data() + i * dp;
+    for (int64_t k = 0; k < d; ++k) qi[k] = (src[k] + qb[k]) * inverse;
+    for (int64_t k = 0; k < d; ++k) vi[k] = src[2 * d + k] + vb[k];
+    std::fill(vi + d, vi + dp, 0.0f);
+  }
+  for (int64_t k = 0; k < d; ++k) {
+    float* kk = keys.data() + k * Lp;
+    for (int64_t i = 0; i < L; ++i) kk[i] = head[i * row + d + k];
+    std::fill(kk + L, kk + Lp, 0.0f);
   }
   const int64_t p = BlockOf(n, w.lead, w.position_strides);
   const HeadArgs args{q.data(), keys.data(), w.pk + p * d * w.Pp, w.pr + p * d * w.Pp, probabilities.data(), L, d,
                       Lp, w.Pp, w.masked + BlockOf(n, w.lead, w.mask_strides) * w.mask_rows * L,
                       w.mask_rows == 1 ? 0 : L, w.fill};
   g_isa.probabilities(args);
-  g_isa.values(probabilities.data(), values.data(), w.context + b * L * H * d + h * d, H * d, L, d, dp);
+  g_isa.values(probabilities.data(), values.data(), w.context + b * L * H * d + h * d, H * d, L, Lp, d, dp);
 }
 
 // The one value of a scalar input, or an error naming it.
