@@ -70,6 +70,14 @@ def test_operator_equals_numpy_at_any_shape_thread_count_and_mask(batch: int, he
     assert fa.within_tolerance(_op_session(threads).run(None, feeds)[0], fa.disentangled_attention(**feeds))
 
 
+@pytest.mark.parametrize("length", [32, 33, 150, 257])
+def test_short_rows_and_long_rows_take_their_own_paths_to_the_same_attention(length: int) -> None:
+    """Rows up to 32 positions read all three score terms in one tile; longer ones read the queries' position band
+    as a product of their own (csrc/ortops/attention_kernel.inc): each side of that line, and several column chunks."""
+    feeds = fa.random_inputs(2, 2, length, 64, seed=length)
+    assert fa.within_tolerance(_op_session(2).run(None, feeds)[0], fa.disentangled_attention(**feeds))
+
+
 @pytest.mark.parametrize("isa", ["avx2", "generic"])
 def test_the_narrower_kernels_compute_the_same(isa: str) -> None:
     """The kernel is picked once per process, at load: each narrower one runs in a process of its own (this CPU has
@@ -85,7 +93,7 @@ path = fa.library() if "{isa}" == "avx2" else __import__("importlib.util").util.
 assert fa.vector_width(path) == {{"avx2": 8, "generic": 4}}["{isa}"], fa.vector_width(path)
 options = ort.SessionOptions(); options.intra_op_num_threads = 2; options.register_custom_ops_library(path)
 session = ort.InferenceSession(fa.operator_model(), options, providers=["CPUExecutionProvider"])
-for length in (1, 3, 7, 8, 9, 16, 17, 31, 33, 70):
+for length in (1, 3, 7, 8, 9, 16, 17, 31, 32, 33, 70, 129):
     for width in (3, 16, 24):
         feeds = fa.random_inputs(2, 3, length, width, seed=length)
         assert fa.within_tolerance(session.run(None, feeds)[0], fa.disentangled_attention(**feeds)), (length, width)

@@ -40,6 +40,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "onnxruntime_c_api.h"
@@ -52,14 +53,16 @@
 namespace {
 
 // One (batch, head) block for the probabilities kernel (attention_kernel.inc): the operands as that file describes
-// them, and the mask with the stride of its rows (0: one row for all) and the fill value.
+// them, scratch for the queries' band (L rows, band_stride = Lp + kRows - 1 rounded up to whole vectors floats
+// apart), and the mask with the stride of its rows (0: one row for all) and the fill value.
 struct HeadArgs {
   const float* q;
   const float* kT;
   const float* pk;
   const float* pr;
   float* out;
-  int64_t L, d, Lp, Pp;
+  float* band;
+  int64_t band_stride, L, d, Lp, Pp;
   const bool* masked;
   int64_t mask_row_stride;
   float fill;
@@ -79,7 +82,7 @@ constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e
 #pragma GCC target("avx512f,avx2,fma")
 namespace avx512 {
 typedef __m512 V;
-constexpr int W = 16, kRows = 4, kCols = 2, kValueRows = 8, kValueCols = 2;
+constexpr int W = 16, kRows = 4, kCols = 2, kBandCols = 4, kBandInTile = 32, kValueRows = 8, kValueCols = 2;
 inline V Zero() { return _mm512_setzero_ps(); }
 inline V Load(const float* p) { return _mm512_loadu_ps(p); }
 inline void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
@@ -105,7 +108,7 @@ inline V Masked(const bool* m, V fill, V x) {
 #pragma GCC target("avx2,fma")
 namespace avx2 {
 typedef __m256 V;
-constexpr int W = 8, kRows = 4, kCols = 2, kValueRows = 4, kValueCols = 2;
+constexpr int W = 8, kRows = 4, kCols = 2, kBandCols = 2, kBandInTile = 32, kValueRows = 4, kValueCols = 2;
 inline V Zero() { return _mm256_setzero_ps(); }
 inline V Load(const float* p) { return _mm256_loadu_ps(p); }
 inline void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
@@ -140,7 +143,7 @@ inline V Masked(const bool* m, V fill, V x) {
 
 namespace generic {
 typedef float V __attribute__((vector_size(16)));
-constexpr int W = 4, kRows = 4, kCols = 2, kValueRows = 4, kValueCols = 2;
+constexpr int W = 4, kRows = 4, kCols = 2, kBandCols = 2, kBandInTile = 32, kValueRows = 4, kValueCols = 2;
 inline V Zero() { return V{}; }
 inline V Load(const float* p) {
   V v;
@@ -171,7 +174,7 @@ typedef void (*ProbabilitiesFn)(const HeadArgs&);
 typedef void (*ValuesFn)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
 
 struct Isa {
-  int width;
+  int width, rows;
   ProbabilitiesFn probabilities;
   ValuesFn values;
 };
@@ -186,13 +189,13 @@ Isa Pick() {
 #ifdef FASTNLI_X86_KERNELS
   __builtin_cpu_init();
   if (cap != "avx2" && cap != "generic" && __builtin_cpu_supports("avx512f")) {
-    return {avx512::W, avx512::Probabilities, avx512::Values};
+    return {avx512::W, avx512::kRows, avx512::Probabilities, avx512::Values};
   }
   if (cap != "generic" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    return {avx2::W, avx2::Probabilities, avx2::Values};
+    return {avx2::W, avx2::kRows, avx2::Probabilities, avx2::Values};
   }
 #endif
-  return {generic::W, generic::Probabilities, generic::Values};
+  return {generic::W, generic::kRows, generic::Probabilities, generic::Values};
 }
 
 const Isa g_isa = Pick();
@@ -258,7 +261,7 @@ struct Blocks {
   const bool* masked;
   float fill;
   float* context;
-  int64_t H, L, d, Lp, Pp, dp, mask_rows;
+  int64_t H, L, d, Lp, Pp, dp, band_stride, mask_rows;
   std::vector<int64_t> lead, position_strides, mask_strides;  // lead: (B, H)
 };
 
@@ -268,8 +271,9 @@ void RunBlock(void* data, size_t index) {
   const Blocks& w = *static_cast<const Blocks*>(data);
   const int64_t n = static_cast<int64_t>(index), H = w.H, L = w.L, d = w.d, Lp = w.Lp, dp = w.dp;
   const int64_t b = n / H, h = n % H, row = 3 * H * d;
-  thread_local std::vector<float> q, keys, values, probabilities;
+  thread_local std::vector<float> q, keys, values, probabilities, band;
   q.resize(L * d);
+  band.resize(L * w.band_stride);
   keys.resize(d * Lp);
   values.resize(L * dp);
   probabilities.resize(L * Lp);
@@ -291,8 +295,8 @@ void RunBlock(void* data, size_t index) {
     std::fill(kk + L, kk + Lp, 0.0f);
   }
   const int64_t p = BlockOf(n, w.lead, w.position_strides);
-  const HeadArgs args{q.data(), keys.data(), w.pk + p * d * w.Pp, w.pr + p * d * w.Pp, probabilities.data(), L, d,
-                      Lp, w.Pp, w.masked + BlockOf(n, w.lead, w.mask_strides) * w.mask_rows * L,
+  const HeadArgs args{q.data(), keys.data(), w.pk + p * d * w.Pp, w.pr + p * d * w.Pp, probabilities.data(),
+                      band.data(), w.band_stride, L, d, Lp, w.Pp, w.masked + BlockOf(n, w.lead, w.mask_strides) * w.mask_rows * L,
                       w.mask_rows == 1 ? 0 : L, w.fill};
   g_isa.probabilities(args);
   g_isa.values(probabilities.data(), values.data(), w.context + b * L * H * d + h * d, H * d, L, Lp, d, dp);
@@ -359,10 +363,11 @@ OrtStatus* ORT_API_CALL Compute(void*, OrtKernelContext* context) {
   if (B == 0 || L == 0 || H == 0) return nullptr;
   if (d == 0) return nullptr;  // an empty context
 
-  // The position inputs, padded by one vector and (the queries) reversed along the positions, once per call.
+  // The position inputs, padded by two vectors and (the queries) reversed along the positions, once per call.
   const int64_t W = g_isa.width, P = 2 * L;
   w.Lp = (L + W - 1) / W * W;
-  w.Pp = P + W;
+  w.Pp = P + 2 * W;
+  w.band_stride = (w.Lp + g_isa.rows - 1 + W - 1) / W * W;
   w.dp = (d + W - 1) / W * W;
   const int64_t rows = Count(std::vector<int64_t>(pos.begin(), pos.end() - 1));  // position blocks x d
   std::vector<float> pk(rows * w.Pp, 0.0f), pr(rows * w.Pp, 0.0f);
