@@ -20,10 +20,10 @@
 // (q.kT, q.pkT, k.pqT: the last two (B, H, L, 2L) wide), the bands' Reshape -> Slice -> Reshape -> Slice chains, the
 // Transpose and two Adds, the mask's Where, the Softmax, the MatMul with the values and the heads' merge (Transpose,
 // Reshape) (fastnli/exporter/attention.py writes them; fastnli/engine/fused_attention.py rewrites them): each score
-// is three fused multiply-adds per k along the band, 3 L^2 d per block instead of 5 L^2 d, no (B, H, L, 2L) tensor
-// is written, each row's softmax runs while the row is in L1, and no head's q, k, v or context is copied through
-// memory between operators. The sums run in another order than the graph's, so results differ from it by float
-// rounding (relative 1e-6).
+// is three fused multiply-adds per k, about 3 L^2 d per block instead of 5 L^2 d, no (B, H, L, 2L) tensor is
+// written, each row's softmax runs while the row is in L1, and no head's q, k, v or context is copied through memory
+// between operators. The sums run in another order than the graph's, so results differ from it by float rounding
+// (relative 1e-6).
 //
 // Kernels for AVX-512F and AVX2+FMA are chosen at run time (GCC on x86-64; FASTNLI_OPERATOR_ISA=avx2 or generic
 // caps the choice); elsewhere a 4-lane generic kernel runs, slower than ORT's own GEMMs, and FastnliVectorWidth()
@@ -53,8 +53,8 @@
 namespace {
 
 // One (batch, head) block for the probabilities kernel (attention_kernel.inc): the operands as that file describes
-// them, scratch for the queries' band (L rows, band_stride = Lp + kRows - 1 rounded up to whole vectors floats
-// apart), and the mask with the stride of its rows (0: one row for all) and the fill value.
+// them, scratch for the queries' band of rows longer than kBandInTile (L rows band_stride floats apart: Lp + kRows - 1
+// rounded up to whole vectors), and the mask with the stride of its rows (0: one row for all) and the fill value.
 struct HeadArgs {
   const float* q;
   const float* kT;
@@ -295,9 +295,9 @@ void RunBlock(void* data, size_t index) {
     std::fill(kk + L, kk + Lp, 0.0f);
   }
   const int64_t p = BlockOf(n, w.lead, w.position_strides);
+  const bool* masked = w.masked + BlockOf(n, w.lead, w.mask_strides) * w.mask_rows * L;
   const HeadArgs args{q.data(), keys.data(), w.pk + p * d * w.Pp, w.pr + p * d * w.Pp, probabilities.data(),
-                      band.data(), w.band_stride, L, d, Lp, w.Pp, w.masked + BlockOf(n, w.lead, w.mask_strides) * w.mask_rows * L,
-                      w.mask_rows == 1 ? 0 : L, w.fill};
+                      band.data(), w.band_stride, L, d, Lp, w.Pp, masked, w.mask_rows == 1 ? 0 : L, w.fill};
   g_isa.probabilities(args);
   g_isa.values(probabilities.data(), values.data(), w.context + b * L * H * d + h * d, H * d, L, Lp, d, dp);
 }
