@@ -53,15 +53,16 @@
 namespace {
 
 // One (batch, head) block for the probabilities kernel (attention_kernel.inc): the operands as that file describes
-// them, scratch for the queries' band of rows longer than kBandInTile (L rows band_stride floats apart: Lp + kRows - 1
-// rounded up to whole vectors), and the mask with the stride of its rows (0: one row for all) and the fill value.
+// them, scratch for the two bands of rows longer than kBandInTile (L rows each, band_stride floats apart: Lp + kRows -
+// 1 rounded up to whole vectors), and the mask with the stride of its rows (0: one row for all) and the fill value.
 struct HeadArgs {
   const float* q;
   const float* kT;
   const float* pk;
-  const float* pr;
+  const float* pq;
   float* out;
   float* band;
+  float* keys_band;
   int64_t band_stride, L, d, Lp, Pp;
   const bool* masked;
   int64_t mask_row_stride;
@@ -174,7 +175,7 @@ typedef void (*ProbabilitiesFn)(const HeadArgs&);
 typedef void (*ValuesFn)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t);
 
 struct Isa {
-  int width, rows;
+  int width, rows, band_in_tile;
   ProbabilitiesFn probabilities;
   ValuesFn values;
 };
@@ -189,13 +190,13 @@ Isa Pick() {
 #ifdef FASTNLI_X86_KERNELS
   __builtin_cpu_init();
   if (cap != "avx2" && cap != "generic" && __builtin_cpu_supports("avx512f")) {
-    return {avx512::W, avx512::kRows, avx512::Probabilities, avx512::Values};
+    return {avx512::W, avx512::kRows, avx512::kBandInTile, avx512::Probabilities, avx512::Values};
   }
   if (cap != "generic" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    return {avx2::W, avx2::kRows, avx2::Probabilities, avx2::Values};
+    return {avx2::W, avx2::kRows, avx2::kBandInTile, avx2::Probabilities, avx2::Values};
   }
 #endif
-  return {generic::W, generic::kRows, generic::Probabilities, generic::Values};
+  return {generic::W, generic::kRows, generic::kBandInTile, generic::Probabilities, generic::Values};
 }
 
 const Isa g_isa = Pick();
@@ -257,7 +258,7 @@ struct Blocks {
   const float* v_bias;
   float scale;
   const float* pk;  // the padded position keys, (position blocks, d, Pp)
-  const float* pr;  // the padded, reversed position queries, (position blocks, d, Pp)
+  const float* pq;  // the padded position queries, (position blocks, d, Pp); reversed for rows up to kBandInTile
   const bool* masked;
   float fill;
   float* context;
@@ -271,9 +272,12 @@ void RunBlock(void* data, size_t index) {
   const Blocks& w = *static_cast<const Blocks*>(data);
   const int64_t n = static_cast<int64_t>(index), H = w.H, L = w.L, d = w.d, Lp = w.Lp, dp = w.dp;
   const int64_t b = n / H, h = n % H, row = 3 * H * d;
-  thread_local std::vector<float> q, keys, values, probabilities, band;
+  thread_local std::vector<float> q, keys, values, probabilities, band, keys_band;
   q.resize(L * d);
-  band.resize(L * w.band_stride);
+  if (L > g_isa.band_in_tile) {
+    band.resize(L * w.band_stride);
+    keys_band.resize(L * w.band_stride);
+  }
   keys.resize(d * Lp);
   values.resize(L * dp);
   probabilities.resize(L * Lp);
@@ -296,8 +300,21 @@ void RunBlock(void* data, size_t index) {
   }
   const int64_t p = BlockOf(n, w.lead, w.position_strides);
   const bool* masked = w.masked + BlockOf(n, w.lead, w.mask_strides) * w.mask_rows * L;
-  const HeadArgs args{q.data(), keys.data(), w.pk + p * d * w.Pp, w.pr + p * d * w.Pp, probabilities.data(),
-                      band.data(), w.band_stride, L, d, Lp, w.Pp, masked, w.mask_rows == 1 ? 0 : L, w.fill};
+  const HeadArgs args{q.data(),
+                      keys.data(),
+                      w.pk + p * d * w.Pp,
+                      w.pq + p * d * w.Pp,
+                      probabilities.data(),
+                      band.data(),
+                      keys_band.data(),
+                      w.band_stride,
+                      L,
+                      d,
+                      Lp,
+                      w.Pp,
+                      masked,
+                      w.mask_rows == 1 ? 0 : L,
+                      w.fill};
   g_isa.probabilities(args);
   g_isa.values(probabilities.data(), values.data(), w.context + b * L * H * d + h * d, H * d, L, Lp, d, dp);
 }
@@ -363,25 +380,31 @@ OrtStatus* ORT_API_CALL Compute(void*, OrtKernelContext* context) {
   if (B == 0 || L == 0 || H == 0) return nullptr;
   if (d == 0) return nullptr;  // an empty context
 
-  // The position inputs, padded by two vectors and (the queries) reversed along the positions, once per call.
+  // The position inputs padded by two vectors, once per call; the queries reversed along the positions for rows up to
+  // kBandInTile long.
   const int64_t W = g_isa.width, P = 2 * L;
   w.Lp = (L + W - 1) / W * W;
   w.Pp = P + 2 * W;
   w.band_stride = (w.Lp + g_isa.rows - 1 + W - 1) / W * W;
   w.dp = (d + W - 1) / W * W;
   const int64_t rows = Count(std::vector<int64_t>(pos.begin(), pos.end() - 1));  // position blocks x d
-  std::vector<float> pk(rows * w.Pp, 0.0f), pr(rows * w.Pp, 0.0f);
+  std::vector<float> pk(rows * w.Pp, 0.0f), pq(rows * w.Pp, 0.0f);
   const float* pkt = static_cast<const float*>(data[4]);
   const float* pqt = static_cast<const float*>(data[5]);
+  const bool reversed = L <= g_isa.band_in_tile;
   for (int64_t r = 0; r < rows; ++r) {
     std::copy(pkt + r * P, pkt + (r + 1) * P, pk.begin() + r * w.Pp);
-    std::reverse_copy(pqt + r * P, pqt + (r + 1) * P, pr.begin() + r * w.Pp);
+    if (reversed) {
+      std::reverse_copy(pqt + r * P, pqt + (r + 1) * P, pq.begin() + r * w.Pp);
+    } else {
+      std::copy(pqt + r * P, pqt + (r + 1) * P, pq.begin() + r * w.Pp);
+    }
   }
   w.qkv = static_cast<const float*>(data[0]);
   w.q_bias = static_cast<const float*>(data[1]);
   w.v_bias = static_cast<const float*>(data[2]);
   w.pk = pk.data();
-  w.pr = pr.data();
+  w.pq = pq.data();
   w.masked = static_cast<const bool*>(data[6]);
   w.mask_rows = m[m.size() - 2];
   w.context = static_cast<float*>(out);
