@@ -200,3 +200,23 @@ def test_needle_windows_groups_sentences_and_merges_two_readings_group_by_group(
     a, b = np.arange(3.0)[:, None], np.arange(10.0, 13.0)[:, None]
     rows, merged = union(a, np.array([0, 1, 3]), b, np.array([0, 2, 3]))
     assert rows[:, 0].tolist() == [0.0, 10.0, 11.0, 1.0, 2.0, 12.0] and merged.tolist() == [0, 3, 6]
+
+
+def test_operator_speed_checks_each_shape_against_numpy_and_names_a_bad_shape() -> None:
+    import argparse
+
+    from bench.operator_speed import _shapes, measure, padded_inputs
+    from fastnli.engine import fused_attention as fa
+
+    if fa.library() is None:
+        pytest.skip("no vector kernel for the operator on this CPU")
+    rows = measure([(2, 20), (1, 40)], threads=1, repeats=1, seconds=0.01)
+    assert [(r["pairs"], r["positions"]) for r in rows] == [(2, 20), (1, 40)]
+    assert all(r["ms"] > 0 and r["gflops"] > 0 for r in rows)
+    masked = padded_inputs(3, 10)["masked"]  # padding: each pair keeps its first n positions, n in [5, 10]
+    assert masked.shape == (3, 1, 10, 10)
+    for pair in masked[:, 0]:
+        kept = np.arange(10) < (~pair[0]).sum()
+        assert 5 <= kept.sum() <= 10 and (pair == ~(kept[:, None] & kept[None, :])).all()
+    with pytest.raises(argparse.ArgumentTypeError, match=r"--shapes takes PAIRSxPOSITIONS,\.\.\. .* not '2x'"):
+        _shapes("2x")
