@@ -55,6 +55,9 @@ namespace {
 // One (batch, head) block for the probabilities kernel (attention_kernel.inc): the operands as that file describes
 // them, scratch for the two bands of rows longer than kBandInTile (L rows each, band_stride floats apart: Lp + kRows -
 // 1 rounded up to whole vectors), and the mask with the stride of its rows (0: one row for all) and the fill value.
+// Floats in front of HeadArgs::keys_band that its first block of rows may write (kRows - 1 at most).
+constexpr int64_t kKeysBandMargin = 16;
+
 struct HeadArgs {
   const float* q;
   const float* kT;
@@ -80,6 +83,31 @@ constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e
 
 #ifdef FASTNLI_X86_KERNELS
 #pragma GCC push_options
+#pragma GCC target("avx2,fma")
+// dst[r, c] += src[c, r] for r, c < 8 (rows ss and ds floats apart): an 8 x 8 transpose in registers, for the
+// AVX-512 and AVX2 kernels' AddTransposed.
+inline void AddTransposed8(const float* src, int64_t ss, float* dst, int64_t ds) {
+  __m256 r[8], t[8];
+  for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(src + k * ss);
+  for (int k = 0; k < 8; k += 2) {  // per 128-bit half: rows k, k + 1 interleaved
+    t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+    t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+  }
+  for (int k = 0; k < 8; k += 4) {  // r[k + c]: column c (low half) and c + 4 (high half) of rows k..k + 3
+    r[k] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int c = 0; c < 4; ++c) {  // t[c]: column c of all eight rows
+    t[c] = _mm256_permute2f128_ps(r[c], r[c + 4], 0x20);
+    t[c + 4] = _mm256_permute2f128_ps(r[c], r[c + 4], 0x31);
+  }
+  for (int k = 0; k < 8; ++k) _mm256_storeu_ps(dst + k * ds, _mm256_add_ps(_mm256_loadu_ps(dst + k * ds), t[k]));
+}
+#pragma GCC pop_options
+
+#pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
 namespace avx512 {
 typedef __m512 V;
@@ -97,6 +125,8 @@ inline V Pow2(V n) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
 }
 inline V KeepAtLeast(V x, V low, V value) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, low, _CMP_GE_OQ), value); }
+constexpr int kTranspose = 8;
+inline void AddTransposed(const float* src, int64_t ss, float* dst, int64_t ds) { AddTransposed8(src, ss, dst, ds); }
 inline V Masked(const bool* m, V fill, V x) {
   const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m)));
   return _mm512_mask_blend_ps(_mm512_test_epi32_mask(bytes, bytes), x, fill);
@@ -133,6 +163,8 @@ inline V Pow2(V n) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
 }
 inline V KeepAtLeast(V x, V low, V value) { return _mm256_and_ps(_mm256_cmp_ps(x, low, _CMP_GE_OQ), value); }
+constexpr int kTranspose = 8;
+inline void AddTransposed(const float* src, int64_t ss, float* dst, int64_t ds) { AddTransposed8(src, ss, dst, ds); }
 inline V Masked(const bool* m, V fill, V x) {
   const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)));
   return _mm256_blendv_ps(x, fill, _mm256_castsi256_ps(_mm256_cmpgt_epi32(bytes, _mm256_setzero_si256())));
@@ -165,6 +197,12 @@ inline V Pow2(V n) {
            std::ldexp(1.0f, static_cast<int>(n[2])), std::ldexp(1.0f, static_cast<int>(n[3]))};
 }
 inline V KeepAtLeast(V x, V low, V value) { return x >= low ? value : V{}; }
+constexpr int kTranspose = 4;
+inline void AddTransposed(const float* src, int64_t ss, float* dst, int64_t ds) {
+  for (int r = 0; r < kTranspose; ++r) {
+    for (int c = 0; c < kTranspose; ++c) dst[r * ds + c] += src[c * ss + r];
+  }
+}
 inline V Masked(const bool* m, V fill, V x) {
   return V{m[0] ? fill[0] : x[0], m[1] ? fill[1] : x[1], m[2] ? fill[2] : x[2], m[3] ? fill[3] : x[3]};
 }
@@ -276,7 +314,7 @@ void RunBlock(void* data, size_t index) {
   q.resize(L * d);
   if (L > g_isa.band_in_tile) {
     band.resize(L * w.band_stride);
-    keys_band.resize(L * w.band_stride);
+    keys_band.resize(kKeysBandMargin + Lp * w.band_stride);
   }
   keys.resize(d * Lp);
   values.resize(L * dp);
@@ -306,7 +344,7 @@ void RunBlock(void* data, size_t index) {
                       w.pq + p * d * w.Pp,
                       probabilities.data(),
                       band.data(),
-                      keys_band.data(),
+                      keys_band.data() + kKeysBandMargin,
                       w.band_stride,
                       L,
                       d,
