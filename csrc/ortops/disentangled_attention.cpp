@@ -312,7 +312,8 @@ void RunBlock(void* data, size_t index) {
   const int64_t b = n / H, h = n % H, row = 3 * H * d;
   thread_local std::vector<float> q, keys, values, probabilities, band, keys_band;
   q.resize(L * d);
-  if (L > g_isa.band_in_tile) {
+  const bool long_rows = L > g_isa.band_in_tile;  // the bands' scratch is for them only
+  if (long_rows) {
     band.resize(L * w.band_stride);
     keys_band.resize(kKeysBandMargin + Lp * w.band_stride);
   }
@@ -343,8 +344,8 @@ void RunBlock(void* data, size_t index) {
                       w.pk + p * d * w.Pp,
                       w.pq + p * d * w.Pp,
                       probabilities.data(),
-                      band.data(),
-                      keys_band.data() + kKeysBandMargin,
+                      long_rows ? band.data() : nullptr,
+                      long_rows ? keys_band.data() + kKeysBandMargin : nullptr,
                       w.band_stride,
                       L,
                       d,
