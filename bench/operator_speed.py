@@ -42,17 +42,12 @@ def padded_inputs(pairs: int, length: int, seed: int = 0) -> dict[str, np.ndarra
 def measure(shapes: Sequence[tuple[int, int]], threads: int = 1, repeats: int = 5,
             seconds: float = 0.5) -> list[dict[str, Any]]:
     """One row per (pairs, positions) shape: ``ms`` per call (the best timing) and ``gflops``."""
-    import onnxruntime as ort
-
     from fastnli.engine import fused_attention as fa
 
     path = fa.library()
     if path is None:
         raise SystemExit("the fused-attention operator library is not available here (see docs/engine.md)")
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.register_custom_ops_library(path)
-    session = ort.InferenceSession(fa.operator_model(), options, providers=["CPUExecutionProvider"])
+    session = fa.operator_session(path, threads)
     rows = []
     for pairs, length in shapes:
         feeds = padded_inputs(pairs, length)

@@ -26,10 +26,9 @@ PAIRS = [("A man is playing a guitar on stage.", "A man plays music."), ("Paris"
 
 
 def _op_session(threads: int) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    fa.register(options)
-    return ort.InferenceSession(fa.operator_model(), options, providers=["CPUExecutionProvider"])
+    path = fa.library()
+    assert path is not None
+    return fa.operator_session(path, threads)
 
 
 def test_the_operator_library_is_built_and_loads_here() -> None:
@@ -87,12 +86,10 @@ def test_the_narrower_kernels_compute_the_same(isa: str) -> None:
     import sys
 
     script = f"""
-import onnxruntime as ort
 from fastnli.engine import fused_attention as fa
 path = fa.library() if "{isa}" == "avx2" else __import__("importlib.util").util.find_spec(fa._MODULE).origin
 assert fa.vector_width(path) == {{"avx2": 8, "generic": 4}}["{isa}"], fa.vector_width(path)
-options = ort.SessionOptions(); options.intra_op_num_threads = 2; options.register_custom_ops_library(path)
-session = ort.InferenceSession(fa.operator_model(), options, providers=["CPUExecutionProvider"])
+session = fa.operator_session(path, 2)
 for length in (1, 3, 7, 8, 9, 16, 17, 31, 32, 33, 70, 129):
     for width in (3, 16, 24):
         feeds = fa.random_inputs(2, 3, length, width, seed=length)

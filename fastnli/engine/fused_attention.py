@@ -37,7 +37,8 @@ from fastnli._env import env_choice
 logger = logging.getLogger("fastnli")
 
 __all__ = ["DOMAIN", "INPUTS", "OP_TYPE", "attention_probabilities", "disentangled_attention", "fuse_attention",
-           "library", "operator_model", "random_inputs", "register", "vector_width", "within_tolerance"]
+           "library", "operator_model", "operator_session", "random_inputs", "register", "vector_width",
+           "within_tolerance"]
 
 DOMAIN = "ai.fastnli"
 OP_TYPE = "DisentangledAttention"
@@ -132,14 +133,20 @@ def random_inputs(batch: int, heads: int, length: int, width: int, seed: int,
 TOLERANCE = 1e-5
 
 
-def _probe(path: str) -> None:
+def operator_session(path: str, threads: int) -> Any:
+    """An ONNX Runtime CPU session of :func:`operator_model` with the operator library at ``path`` and ``threads``
+    intra-op threads (0: ORT's default); ORT logs only its errors."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.register_custom_ops_library(path)
     options.log_severity_level = 3
-    options.intra_op_num_threads = 2
-    session = ort.InferenceSession(operator_model(), options, providers=["CPUExecutionProvider"])
+    options.intra_op_num_threads = threads
+    return ort.InferenceSession(operator_model(), options, providers=["CPUExecutionProvider"])
+
+
+def _probe(path: str) -> None:
+    session = operator_session(path, threads=2)
     feeds = random_inputs(2, 3, 37, 24, seed=0)
     if not within_tolerance(session.run(None, feeds)[0], disentangled_attention(**feeds)):
         raise RuntimeError("the probe's attention differs from NumPy's")
