@@ -56,7 +56,7 @@ class SessionConfig:
             on a VNNI CPU would give up its (already exact) VNNI kernels.
         fused_attention: run DeBERTa v1's self-attention (relative shift graphs) in fastnli's compiled
             ``DisentangledAttention`` operator in INT8 CPU sessions (default True, or ``FASTNLI_FUSED_ATTENTION`` =
-            ``0`` to turn it off): the plain graph's attention to float rounding, 1.33x (short pairs) to 1.54x
+            ``0`` to turn it off): the plain graph's attention to float rounding, 1.35x (short pairs) to 1.90x
             (long) faster end to end on a deberta-large-shaped checkpoint (docs/benchmarks.md;
             :mod:`fastnli.engine.fused_attention`). Where the operator library is not built, does not load, or has
             no AVX2/AVX-512 kernel for this CPU, sessions run the plain graph.
