@@ -159,6 +159,34 @@ def test_the_ship_tools_default_recipe_is_the_shipped_models() -> None:
     assert ship.RECIPES["static-gptq-fp16-embeddings"]["outliers"]["attention_channels"] > 0
 
 
+def test_card_rebuilds_a_stage_on_licensed_rows_distilled_from_a_trained_teacher() -> None:
+    """A stage without generated rows, whose teacher was trained by the train tool from the mpnet encoder and exported
+    (no commit shipped it): the card assembles the encoder, trains and exports the teacher, then trains the stage."""
+    from tools.default_model import backbone
+
+    first = {"command": ["train.py", "--epochs", "1", "--extra-train", "/x/rows.jsonl", "--out", "/x/m1"],
+             "data": {"extra_train": {"files": {"/gone/rows.jsonl": "a" * 64}, "rows": 3}}}
+    lineage = {"artifact_hash": "f" * 64, "precisions": ["fp32"], "accuracy": {"snli/dev": {"fp32": 0.88}},
+               "command": ["train.py", "--base", "/x/mpnet", "--data", "/x/data", "--out", "/x/teacher", "--lr", "3e-5",
+                           "--resume"],
+               "base_model": {"model_safetensors_sha256": backbone.WEIGHTS_SHA256,
+                              "weights": "sentence-transformers/all-mpnet-base-v2 (Apache-2.0)"}}
+    second = {"command": ["train.py", "--base", "/x/m1", "--kd-weight", "0.9", "--teacher-engine", "/x/t", "--out",
+                          "/x/m2"], "data": {}, "base_training": first,
+              "recipe": {"teacher_engine": {"artifact_hash": "f" * 64, "lineage": lineage}}}
+    text = ship.rebuild_text(second)
+    assert ("2. `python -m tools.default_model.backbone --out /tmp/teacher-base`, `python -m tools.default_model.train "
+            "--lr 3e-5 --data ../shared/nli-data --out /tmp/teacher-nli --base /tmp/teacher-base`, `python -m fastnli "
+            "export /tmp/teacher-nli --out /tmp/teacher-nli-onnx --precisions fp32` (the teacher), `python -m "
+            "tools.default_model.train --kd-weight 0.9 --data ../shared/nli-data --out /tmp/default-nli-2 --base "
+            "/tmp/default-nli-1 --teacher-engine /tmp/teacher-nli-onnx`\n") in text
+    card = ship.distillation_text({"engine": "/x/t", "artifact_hash": "f" * 64, "precision": "fp32",
+                                   "train_accuracy": 0.9, "lineage": lineage})
+    assert "(snli/dev 0.8800 at FP32)" in card
+    assert "The rebuild steps below train the teacher from sentence-transformers/all-mpnet-base-v2 (Apache-2.0)" in card
+    assert ship.rebuild_text({**first, "data": {}}) == ""  # a first stage without the generated rows: not this recipe
+
+
 def test_card_rebuilds_a_two_stage_model_with_runnable_commands(tmp_path: Path) -> None:
     """Stage 2 trained from stage 1's checkpoint: the card gives each stage's rows command (from build.json, only
     when its sha256 is the logged one) and a runnable training command with this rebuild's paths."""

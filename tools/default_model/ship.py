@@ -36,7 +36,7 @@ from fastnli.engine.session import SessionConfig, cpu_model_name, int8_isa, u8s8
 from fastnli.exporter import export
 from fastnli.exporter.precision import INT8_RECIPE, INT8_RECIPES
 from fastnli.scorers.questions import QUESTION_FORMAT
-from tools.default_model import answer_data, hard_windows, mission_eval
+from tools.default_model import answer_data, backbone, hard_windows, mission_eval
 from tools.default_model.train import TRAINING_LOG, selection_text, teacher_lineage
 
 logger = logging.getLogger("fastnli")
@@ -281,12 +281,17 @@ def distillation_text(teacher: dict[str, Any] | None) -> str:
         return ""
     lineage = teacher.get("lineage") or {}
     acc = lineage.get("accuracy") or {}
-    figures = ", ".join(f"{split} {v['int8']:.4f}" for split, v in acc.items() if "int8" in v)
-    made = (f", trained with `{lineage['command']}` ({figures} at INT8)" if lineage.get("command") else "")
+    precision = "int8" if any("int8" in v for v in acc.values()) else "fp32"
+    figures = ", ".join(f"{split} {v[precision]:.4f}" for split, v in acc.items() if precision in v)
+    made = (f", trained with `{lineage['command']}` ({figures} at {precision.upper()})" if lineage.get("command")
+            else "")
+    base = (lineage.get("base_model") or {}).get("weights")
+    rebuilt = (f"The rebuild steps below train the teacher from {base} and export it" if lineage.get("precisions") else
+               "The rebuild steps below restore the teacher from the commit that shipped it; without that commit, "
+               "rebuild and ship the teacher first")
     return (f"\nDistilled from the teacher `{teacher['engine']}` (artifact `{teacher.get('artifact_hash') or lineage.get('artifact_hash')}`"
             f"{made}): its {teacher['precision']} probabilities of every training pair, computed once through fastnli's "
-            f"engine (train accuracy {teacher['train_accuracy']:.4f}). The rebuild steps below restore the teacher "
-            "from the commit that shipped it; without that commit, rebuild and ship the teacher first.\n")
+            f"engine (train accuracy {teacher['train_accuracy']:.4f}). {rebuilt}.\n")
 
 
 def invocations_text(t: dict[str, Any]) -> str:
@@ -556,8 +561,26 @@ def teacher_step(stage: dict[str, Any]) -> tuple[str, list[str]]:
     teacher = (stage.get("recipe") or {}).get("teacher_engine") or {}
     restore, where = restore_step(teacher.get("artifact_hash"))
     if where is None:
-        return "", []
+        return trained_teacher_step(teacher.get("lineage") or {})
     return restore.replace(" (artifact", " (the teacher, artifact", 1) + ", ", ["--teacher-engine", where]
+
+
+def trained_teacher_step(lineage: dict[str, Any]) -> tuple[str, list[str]]:
+    """``(commands that train and export a teacher, ["--teacher-engine", the export])`` for a teacher trained by the
+    train tool and exported with ``fastnli export`` (:func:`train.trained_teacher_lineage`); ``("", [])`` for others.
+    Its pretrained encoder is assembled first when it is the one ``backbone`` builds."""
+    if not lineage.get("precisions") or not lineage.get("command"):
+        return "", []
+    checkpoint, artifact = "/tmp/teacher-nli", "/tmp/teacher-nli-onnx"
+    paths = ["--data", "../shared/nli-data", "--out", checkpoint]
+    steps = []
+    if (lineage.get("base_model") or {}).get("model_safetensors_sha256") == backbone.WEIGHTS_SHA256:
+        steps.append("`python -m tools.default_model.backbone --out /tmp/teacher-base`")
+        paths += ["--base", "/tmp/teacher-base"]
+    steps.append(f"`{training_command(lineage['command'], paths)}`")
+    steps.append(f"`python -m fastnli export {checkpoint} --out {artifact} --precisions {','.join(lineage['precisions'])}`"
+                 " (the teacher)")
+    return ", ".join(steps) + ", ", ["--teacher-engine", artifact]
 
 
 def stage_rows_record(extra: dict[str, Any]) -> dict[str, Any] | None:
@@ -617,7 +640,7 @@ def rebuild_text(t: dict[str, Any]) -> str:
     """The model card's commands that rebuild the model from the shared data: for a model trained in stages
     (``--base`` a checkpoint of this tool), each stage's rows and training command, first stage first."""
     stages = training_stages(t)
-    if not all(s["data"].get("extra_train") for s in stages):
+    if not stages[0]["data"].get("extra_train"):  # not a model of this recipe: its first stage trains on the rows
         return ""
     steps: list[str] = []
     restored: set[str] = set()
@@ -628,11 +651,15 @@ def rebuild_text(t: dict[str, Any]) -> str:
         if teacher and teacher[1] in restored:  # the same model restored by an earlier step: once
             restore = ""
         restored.update(teacher[1:])
-        rows = rows_steps(stage["data"]["extra_train"], rows_dir, restored)
-        paths = ["--data", "../shared/nli-data", "--extra-train", f"{rows_dir}/train.jsonl", "--out", out]
+        paths = ["--data", "../shared/nli-data"]
+        rows = ""
+        if extra := stage["data"].get("extra_train"):  # a stage on the licensed NLI rows alone has none
+            rows = rows_steps(extra, rows_dir, restored) + ", then "
+            paths += ["--extra-train", f"{rows_dir}/train.jsonl"]
+        paths += ["--out", out]
         if before:
             paths += ["--base", before]
-        steps.append(f"{len(steps) + 1}. {restore}{rows}, then `{training_command(stage['command'], paths + teacher)}`")
+        steps.append(f"{len(steps) + 1}. {restore}{rows}`{training_command(stage['command'], paths + teacher)}`")
         if (mix := stage.get("interpolated")) and before:  # mixed with the weights it started from
             steps.append(f"{len(steps) + 1}. `python -m tools.default_model.interpolate --base {before} --tuned {out} "
                          f"--alpha {mix['alpha']} --out {out}-mix`")
