@@ -773,7 +773,8 @@ def cached_teacher_logprobs(name: str, split: Split, cache: Path) -> tuple[np.nd
 def teacher_lineage(artifact: Path) -> dict[str, Any] | None:
     """How a teacher model shipped by ``tools/default_model/ship.py`` was made (its ``quality.json``, beside the
     artifact or, for the embedded default model, :data:`DEFAULT_MODEL_QUALITY`): artifact hash, training command,
-    accuracy and, if it was distilled too, its own teacher. None for other artifacts."""
+    accuracy and, if it was distilled too, its own teacher; for a teacher exported from a checkpoint of this tool,
+    :func:`trained_teacher_lineage`. None for other artifacts."""
     from fastnli.engine.manifest import read_manifest
 
     quality = artifact / "quality.json"
