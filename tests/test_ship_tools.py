@@ -187,6 +187,26 @@ def test_card_rebuilds_a_stage_on_licensed_rows_distilled_from_a_trained_teacher
     assert ship.rebuild_text({**first, "data": {}}) == ""  # a first stage without the generated rows: not this recipe
 
 
+def test_every_stage_teacher_without_lineage_gets_it_from_its_artifact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A teacher read from --teacher-cache is logged without lineage, in the last stage and in earlier ones: ship reads
+    each from its artifact (so the rebuild can train it), and keeps a lineage a log already has."""
+    read: list[str] = []
+
+    def lineage(artifact: Path) -> dict[str, Any]:
+        read.append(str(artifact))
+        return {"artifact_hash": artifact.name}
+
+    monkeypatch.setattr(ship, "teacher_lineage", lineage)
+    first = {"recipe": {"teacher_engine": {"artifact": "/x/kept", "lineage": {"artifact_hash": "old"}}}}
+    second = {"recipe": {"teacher_engine": {"artifact": "/x/t2", "lineage": None}}, "base_training": first}
+    third = {"recipe": {"teacher_engine": {"artifact": "/x/t3", "lineage": None}}, "base_training": second}
+    untaught = {"recipe": {"teacher_engine": None}, "base_training": third}
+    ship.record_teacher_lineages(untaught)
+    assert read == ["/x/t2", "/x/t3"]
+    assert [s["recipe"]["teacher_engine"]["lineage"]["artifact_hash"] for s in (first, second, third)] == [
+        "old", "t2", "t3"]
+
+
 def test_card_rebuilds_a_two_stage_model_with_runnable_commands(tmp_path: Path) -> None:
     """Stage 2 trained from stage 1's checkpoint: the card gives each stage's rows command (from build.json, only
     when its sha256 is the logged one) and a runnable training command with this rebuild's paths."""

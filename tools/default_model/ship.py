@@ -694,6 +694,15 @@ def record_rows_builds(training: dict[str, Any]) -> None:
                 extra["build_record"] = record
 
 
+def record_teacher_lineages(training: dict[str, Any]) -> None:
+    """Give each stage's teacher its lineage (:func:`train.teacher_lineage`) where its training log has none, read
+    from the teacher's artifact while it exists (a log whose teacher came from ``--teacher-cache`` has none)."""
+    for stage in training_stages(training):
+        teacher = (stage.get("recipe") or {}).get("teacher_engine")
+        if teacher and teacher.get("lineage") is None and teacher.get("artifact"):
+            teacher["lineage"] = teacher_lineage(Path(teacher["artifact"]))
+
+
 def recipe_lines(recipe: dict[str, Any]) -> str:
     """The model card's recipe, one line per setting (the teacher has its own paragraph)."""
     return "\n".join(f"- {k.replace('_', ' ')}: {v}" for k, v in recipe.items()
@@ -1155,9 +1164,7 @@ def main() -> None:
     if first := base_training(training):
         training["base_training"] = first
     record_rows_builds(training)
-    teacher = training["recipe"].get("teacher_engine")
-    if teacher and teacher.get("lineage") is None:  # a training log without lineage; read before --out (maybe the teacher)
-        teacher["lineage"] = teacher_lineage(Path(teacher["artifact"]))  # is replaced
+    record_teacher_lineages(training)  # before --out (maybe a stage's teacher) is replaced
     work = Path(tempfile.mkdtemp(prefix="fastnli-ship-"))
     art = work / "artifact"
     manifest = export(args.checkpoint, art, precisions=("fp32", "int8"), int8_recipe=RECIPES[args.recipe],
