@@ -11,6 +11,7 @@ import pytest
 
 from fastnli.engine.manifest import MANIFEST_NAME
 from tools.default_model import candidates
+from tools.default_model.weights_delta import WEIGHTS
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "fastnli" / "models" / "default"
 
@@ -52,6 +53,9 @@ def test_main_measures_each_checkpoint_once_and_writes_the_table(monkeypatch: py
     monkeypatch.setattr(candidates, "figures", figures)
     rows = tmp_path / "dev.jsonl"
     rows.write_text('{"row": 1}\n')
+    for name in ("ck-base", "ck-mix"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / WEIGHTS).write_bytes(name.encode())
     out = tmp_path / "out"
     (out / "mix").mkdir(parents=True)  # a graph already there is reused, not exported again
     (out / "mix" / MANIFEST_NAME).write_text(json.dumps({"artifact_hash": "ck-mix"}))
@@ -62,6 +66,39 @@ def test_main_measures_each_checkpoint_once_and_writes_the_table(monkeypatch: py
     assert record["base"] == "base" and record["figures"] == {"base": {"nli: snli/dev": 0.5},
                                                               "mix": {"nli: snli/dev": 0.75}}
     assert "| nli: snli/dev | 0.5000 | 0.7500 (+0.2500) |" in (out / "candidates.md").read_text()
+
+
+def test_main_reuses_figures_of_the_same_weights_and_measures_changed_ones(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path) -> None:
+    """A second run over the same --out measures only what changed: the base's figures are read back while its
+    weights' sha256 and the run's rows, data and --documents match; new weights under a known name are measured."""
+    measured: list[str] = []
+
+    def export(checkpoint: Path, artifact: Path, precisions: tuple[str, ...]) -> None:
+        artifact.mkdir(parents=True, exist_ok=True)
+        (artifact / MANIFEST_NAME).write_text(json.dumps({"artifact_hash": checkpoint.name}))
+
+    def figures(artifact: Path, rows: list[dict[str, Any]], data: Path, documents: bool) -> dict[str, float]:
+        weights = (tmp_path / artifact.name / WEIGHTS).read_text()
+        measured.append(weights)
+        return {"nli: snli/dev": len(weights) / 10}
+
+    monkeypatch.setattr("fastnli.exporter.export", export)
+    monkeypatch.setattr(candidates, "figures", figures)
+    rows = tmp_path / "dev.jsonl"
+    rows.write_text('{"row": 1}\n')
+    for name, weights in (("base", "base"), ("tuned", "tuned")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / WEIGHTS).write_text(weights)
+    out = tmp_path / "out"
+    argv = ["--rows", str(rows), "--out", str(out), f"base={tmp_path / 'base'}", f"tuned={tmp_path / 'tuned'}"]
+    assert candidates.main(argv) == 0 and measured == ["base", "tuned"]
+    (tmp_path / "tuned" / WEIGHTS).write_text("tuned again")  # trained anew under the same name
+    assert candidates.main(argv) == 0 and measured == ["base", "tuned", "tuned again"]
+    assert json.loads((out / "candidates.json").read_text())["figures"] == {"base": {"nli: snli/dev": 0.4},
+                                                                            "tuned": {"nli: snli/dev": 1.1}}
+    assert candidates.main([*argv, "--documents"]) == 0  # other figures asked for: everything is measured
+    assert measured[3:] == ["base", "tuned again"]
 
 
 @pytest.mark.parametrize(("argv", "message"), [

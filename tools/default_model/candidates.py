@@ -16,7 +16,8 @@ on dev data only:
   ``contradiction_choice`` for the reading model's fallback and contradiction bar.
 
 Writes ``candidates.json`` (every figure) and ``candidates.md`` (a table: each candidate's figure and its difference
-from the base). An export already under ``--out`` is reused.
+from the base). An export already under ``--out`` is reused, and so are its figures in ``candidates.json`` when they
+were measured on the same rows, data, reading settings and ``--documents``, from weights of the same sha256.
 
     python -m tools.default_model.candidates --rows /tmp/a/dev.jsonl --out /tmp/cmp \\
         base=/tmp/stage8 mix=/tmp/mix tuned=/tmp/tuned [--documents]
@@ -32,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from fastnli.engine import NLIEngine
-from fastnli.engine.manifest import MANIFEST_NAME
+from fastnli.engine.manifest import MANIFEST_NAME, sha256_file
 from tools.default_model import contradiction_choice, mission_eval, ship, written_answers
 from tools.default_model.answer_data import read_jsonl
+from tools.default_model.weights_delta import WEIGHTS
 
 logger = logging.getLogger("fastnli")
 #: the manifest fields that decide how a shipped model reads its inputs, copied to every candidate's graph
@@ -77,6 +79,17 @@ def figures(artifact: Path, rows: list[dict[str, Any]], data: Path, documents: b
     return out
 
 
+def reusable_figures(earlier: dict[str, Any], record: dict[str, Any], name: str) -> dict[str, float] | None:
+    """``name``'s figures in an earlier ``candidates.json`` (``earlier``) when that run measured the same weights (by
+    sha256) on the same rows, data, reading settings and ``--documents`` as this one (``record``); else None."""
+    same = all(earlier.get(k) == record.get(k) for k in ("rows", "documents", "data", "reading"))
+    weights = earlier.get("weights_sha256", {}).get(name)
+    if not same or weights is None or weights != record["weights_sha256"][name]:
+        return None
+    known: dict[str, float] | None = earlier.get("figures", {}).get(name)
+    return known
+
+
 def render(results: dict[str, dict[str, float]], base: str) -> str:
     """A markdown table: a row per figure, a column per candidate (``value (difference from the base)``)."""
     names = list(results)
@@ -115,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = read_jsonl(args.rows)
     results: dict[str, dict[str, float]] = {}
     record: dict[str, Any] = {"base": pairs[0][0], "rows": str(args.rows), "documents": args.documents,
-                              "checkpoints": {name: path for name, _, path in pairs}}
+                              "data": str(args.data), "checkpoints": {name: path for name, _, path in pairs},
+                              "weights_sha256": {name: sha256_file(Path(path) / WEIGHTS) for name, _, path in pairs}}
+    earlier = args.out / "candidates.json"
+    earlier_record = json.loads(earlier.read_text(encoding="utf-8")) if earlier.is_file() else {}
     for name, _, path in pairs:
         artifact = args.out / name
         if (artifact / MANIFEST_NAME).is_file():
@@ -123,7 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             export(Path(path), artifact, precisions=("fp32",))
         record["reading"] = read_like(artifact, args.reading_from)
-        results[name] = figures(artifact, rows, args.data, args.documents)
+        if (known := reusable_figures(earlier_record, record, name)) is not None:
+            logger.info("%s: reusing its figures in %s", name, earlier)
+            results[name] = known
+        else:
+            results[name] = figures(artifact, rows, args.data, args.documents)
         logger.info("%s: %s", name, json.dumps(results[name]))
         (args.out / "candidates.json").write_text(json.dumps({**record, "figures": results}, indent=1) + "\n",
                                                   encoding="utf-8")
