@@ -249,8 +249,17 @@ def test_card_rebuilds_a_two_stage_model_with_runnable_commands(tmp_path: Path) 
     assert ("\n4. `python -m tools.default_model.interpolate --base /tmp/default-nli-2 --tuned /tmp/default-nli-3 "
             "--alpha 0.5 --out /tmp/default-nli-3-mix`\n5. `python -m tools.default_model.ship --checkpoint "
             "/tmp/default-nli-3-mix` (it evaluates") in text
-    assert "(1 - 0.5) x the weights stage 3 started from + 0.5 x the checkpoint it trained" in \
+    assert "(1 - 0.5) x the weights stage 3 started from + 0.5 x the checkpoint stage 3 trained" in \
         ship.interpolation_text(mixed)
+    # mixed with the stage-1 weights, two stages back: named by the sha256 of the weights stage 2 started from
+    second["base_sha256"], third["base_sha256"] = "1" * 64, "2" * 64
+    older = {**third, "interpolated": {"alpha": 0.5, "base_sha256": "1" * 64}}
+    assert ("\n4. `python -m tools.default_model.interpolate --base /tmp/default-nli-1 --tuned /tmp/default-nli-3 "
+            "--alpha 0.5 --out /tmp/default-nli-3-mix`") in ship.rebuild_text(older)
+    assert ("(1 - 0.5) x the stage-1 weights (stages 2-3 trained on from them) + 0.5 x the checkpoint stage 3 "
+            "trained") in ship.interpolation_text(older)
+    unknown = {**third, "interpolated": {"alpha": 0.5, "base_sha256": "9" * 64}}  # no stage's: the one it started from
+    assert "interpolate --base /tmp/default-nli-2 --tuned /tmp/default-nli-3" in ship.rebuild_text(unknown)
     fourth = {**stage(["train.py", "--base", "/x/m3mix", "--extra-train", "/gone/4.jsonl", "--out", "/x/m4"],
                       "/gone/4.jsonl", "e" * 64), "base_training": mixed}  # a stage after a mixed one
     text = ship.rebuild_text(fourth)
@@ -560,13 +569,15 @@ def test_a_mixed_base_stage_keeps_its_mix_in_the_training_record(tmp_path: Path)
     """A stage trained from a mix (interpolate.py): the mix is recorded with the base's stage, so the card's rebuild
     mixes that stage before the next one trains."""
     base = {k: k for k in ("command", "data", "recipe", "best", "stop_reason", "timing_s")}
-    base.update(args={"base": str(tmp_path / "gone")}, base_model={"trained_by_this_tool": None},
+    base.update(args={"base": str(tmp_path / "gone")},
+                base_model={"trained_by_this_tool": None, "model_safetensors_sha256": "5" * 64},
                 interpolated={"alpha": 0.5, "base": "/x/m8", "tuned": "/x/m9"})
     (tmp_path / "mix").mkdir()
     (tmp_path / "mix" / TRAINING_LOG).write_text(json.dumps(base))
     stage = {"args": {"base": str(tmp_path / "mix")}, "base_model": {"trained_by_this_tool": {"path": "mix"}}}
     trimmed = ship.base_training(stage)
     assert trimmed is not None and trimmed["interpolated"] == base["interpolated"]
+    assert trimmed["base_sha256"] == "5" * 64  # what a later mix is matched against (mix_base_stage)
     del base["interpolated"]
     (tmp_path / "mix" / TRAINING_LOG).write_text(json.dumps(base))
     assert "interpolated" not in (ship.base_training(stage) or {})

@@ -645,6 +645,7 @@ def rebuild_text(t: dict[str, Any]) -> str:
     steps: list[str] = []
     restored: set[str] = set()
     before = ""  # the weights the stage starts from: the previous stage's checkpoint, or its mix
+    outs: list[str] = []  # each stage's weights as the next stage reads them (after its mix)
     for i, stage in enumerate(stages, 1):
         rows_dir, out = f"/tmp/answers-{i}", f"/tmp/default-nli-{i}"
         restore, teacher = teacher_step(stage)
@@ -660,27 +661,51 @@ def rebuild_text(t: dict[str, Any]) -> str:
         if before:
             paths += ["--base", before]
         steps.append(f"{len(steps) + 1}. {restore}{rows}`{training_command(stage['command'], paths + teacher)}`")
-        if (mix := stage.get("interpolated")) and before:  # mixed with the weights it started from
-            steps.append(f"{len(steps) + 1}. `python -m tools.default_model.interpolate --base {before} --tuned {out} "
-                         f"--alpha {mix['alpha']} --out {out}-mix`")
+        if (mix := stage.get("interpolated")) and before:  # mixed with the weights of an earlier stage
+            steps.append(f"{len(steps) + 1}. `python -m tools.default_model.interpolate "
+                         f"--base {outs[mix_base_stage(stages, i) - 1]} --tuned {out} --alpha {mix['alpha']} "
+                         f"--out {out}-mix`")
             out += "-mix"
         before = out
+        outs.append(out)
     final = before
     return ("\nRebuild, from the repository root (every row file is the same byte for byte; its sha256 is in the "
             "training log):\n\n" + "\n".join(steps) + f"\n{len(steps) + 1}. `python -m tools.default_model.ship "
             f"--checkpoint {final}` (it evaluates on the answer rows of the default arguments, as the CI gate does)\n")
 
 
+def stage_base_sha256(stage: dict[str, Any]) -> str | None:
+    """The sha256 of the weights a stage started from (its ``base_model``'s, or ``base_sha256`` in a trimmed
+    earlier stage of :func:`base_training`)."""
+    sha: str | None = stage.get("base_sha256") or (stage.get("base_model") or {}).get("model_safetensors_sha256")
+    return sha
+
+
+def mix_base_stage(stages: list[dict[str, Any]], i: int) -> int:
+    """The stage (1-based) whose weights stage ``i``'s checkpoint was mixed with (``interpolated``): the one whose
+    weights a later stage started from, found by sha256 (``interpolated.base_sha256``); stage ``i - 1``, the weights
+    stage ``i`` started from, when none matches."""
+    want = (stages[i - 1].get("interpolated") or {}).get("base_sha256")
+    for k in range(i - 1, 0, -1):  # stage k's weights are what stage k + 1 started from
+        if want is not None and stage_base_sha256(stages[k]) == want:
+            return k
+    return i - 1
+
+
 def interpolation_text(t: dict[str, Any]) -> str:
-    """The model card's sentence on a checkpoint mixed with the weights its last stage started from
-    (``tools/default_model/interpolate.py``; empty for a trained checkpoint as it is)."""
+    """The model card's sentence on a checkpoint mixed with the weights of an earlier stage (those its last stage
+    started from, or an earlier stage's: :func:`mix_base_stage`; ``tools/default_model/interpolate.py``; empty for a
+    trained checkpoint as it is)."""
     if not (mix := t.get("interpolated")):
         return ""
-    n, a = len(training_stages(t)), mix["alpha"]
-    return (f"\nThe shipped weights are (1 - {a}) x the weights stage {n} started from + {a} x the checkpoint it "
-            "trained, weight by weight (`tools/default_model/interpolate.py`; weight-space ensembling keeps most of "
-            f"what the stage teaches and loses less of what stage {n - 1} knew). The training-time figures below are "
-            "the trained checkpoint's, before the mix.\n")
+    stages = training_stages(t)
+    n, a, k = len(stages), mix["alpha"], mix_base_stage(stages, len(stages))
+    mixed = (f"the weights stage {n} started from" if k == n - 1 else
+             f"the stage-{k} weights (stages {k + 1}-{n} trained on from them)")
+    return (f"\nThe shipped weights are (1 - {a}) x {mixed} + {a} x the checkpoint stage {n} trained, weight by weight "
+            "(`tools/default_model/interpolate.py`; weight-space ensembling keeps most of what the later training "
+            f"teaches and loses less of what stage {k} knew). The training-time figures below are the trained "
+            "checkpoint's, before the mix.\n")
 
 
 def record_rows_builds(training: dict[str, Any]) -> None:
@@ -726,8 +751,9 @@ def stages_text(t: dict[str, Any]) -> str:
     for i, stage in enumerate(stages[:-1], 1):
         extra = stage["data"].get("extra_train") or {}
         start = "from all-MiniLM-L6-v2" if i == 1 else f"from the stage-{i - 1} checkpoint"
-        mixed = (f"; then (1 - {mix['alpha']}) x the weights it started from + {mix['alpha']} x this checkpoint"
-                 if (mix := stage.get("interpolated")) else "")
+        k = mix_base_stage(stages, i)
+        mixed = (f"; then (1 - {mix['alpha']}) x {'the weights it started from' if k == i - 1 else f'the stage-{k} weights'}"
+                 f" + {mix['alpha']} x this checkpoint" if (mix := stage.get("interpolated")) else "")
         parts.append(f"Stage {i}, {start}: `{stage['command']}` ({extra.get('rows', 0):,} generated rows; "
                      f"{stage['recipe']['loss']}; best step {stage['best']['step']}, "
                      f"{json.dumps(stage['best']['full'])}{mixed}).")
@@ -764,6 +790,7 @@ def base_training(training: dict[str, Any]) -> dict[str, Any] | None:
         return None
     first = json.loads(log.read_text(encoding="utf-8"))
     trimmed = {k: first[k] for k in ("command", "args", "data", "recipe", "best", "stop_reason", "timing_s")}
+    trimmed["base_sha256"] = first["base_model"].get("model_safetensors_sha256")  # names the stage a mix reads
     if "interpolated" in first:  # the base is a mix (interpolate.py): the rebuild mixes that stage too
         trimmed["interpolated"] = first["interpolated"]
     # a base that was itself trained from a checkpoint of this tool: its log carries the earlier stages when it is a
