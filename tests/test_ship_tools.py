@@ -15,6 +15,7 @@ from conftest import SHARED_DATA
 
 from fastnli.default_model import DEFAULT_MODEL_DIR
 from fastnli.engine import NLIEngine
+from fastnli.engine.manifest import MANIFEST_NAME
 from fastnli.engine.session import SessionConfig, cpu_model_name, exact_int8_wanted, int8_isa, u8s8_saturates
 from tools.default_model import measure as measure_default_model
 from tools.default_model import ship
@@ -187,24 +188,34 @@ def test_card_rebuilds_a_stage_on_licensed_rows_distilled_from_a_trained_teacher
     assert ship.rebuild_text({**first, "data": {}}) == ""  # a first stage without the generated rows: not this recipe
 
 
-def test_every_stage_teacher_without_lineage_gets_it_from_its_artifact(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_stage_teacher_without_lineage_gets_it_from_its_artifact(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
     """A teacher read from --teacher-cache is logged without lineage, in the last stage and in earlier ones: ship reads
-    each from its artifact (so the rebuild can train it), and keeps a lineage a log already has."""
+    each from its artifact while that exists (so the rebuild can train it), and keeps a lineage a log already has."""
     read: list[str] = []
 
     def lineage(artifact: Path) -> dict[str, Any]:
-        read.append(str(artifact))
+        read.append(artifact.name)
         return {"artifact_hash": artifact.name}
 
     monkeypatch.setattr(ship, "teacher_lineage", lineage)
-    first = {"recipe": {"teacher_engine": {"artifact": "/x/kept", "lineage": {"artifact_hash": "old"}}}}
-    second = {"recipe": {"teacher_engine": {"artifact": "/x/t2", "lineage": None}}, "base_training": first}
-    third = {"recipe": {"teacher_engine": {"artifact": "/x/t3", "lineage": None}}, "base_training": second}
+    for name in ("kept", "t2", "t3"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / MANIFEST_NAME).write_text("{}")
+
+    def stage(artifact: str, known: dict[str, Any] | None, before: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {"recipe": {"teacher_engine": {"artifact": str(tmp_path / artifact), "lineage": known}},
+                "base_training": before}
+
+    gone = stage("gone", None)  # its teacher is no longer on this machine: it stays without lineage
+    first = stage("kept", {"artifact_hash": "old"}, gone)
+    second = stage("t2", None, first)
+    third = stage("t3", None, second)
     untaught = {"recipe": {"teacher_engine": None}, "base_training": third}
     ship.record_teacher_lineages(untaught)
-    assert read == ["/x/t2", "/x/t3"]
-    assert [s["recipe"]["teacher_engine"]["lineage"]["artifact_hash"] for s in (first, second, third)] == [
-        "old", "t2", "t3"]
+    assert read == ["t2", "t3"]
+    assert [s["recipe"]["teacher_engine"]["lineage"] for s in (gone, first, second, third)] == [
+        None, {"artifact_hash": "old"}, {"artifact_hash": "t2"}, {"artifact_hash": "t3"}]
 
 
 def test_card_rebuilds_a_two_stage_model_with_runnable_commands(tmp_path: Path) -> None:
@@ -563,6 +574,23 @@ def test_card_unit_paragraph_reads_the_forms_that_have_value_swaps() -> None:
                                           "groups": {"bare": g, "+bare": {"place_swaps": 1.0}}}}}
     text = ship.align_units_text(q)
     assert "unit_swap 0.970; bare: value swaps 0.900, meaning kept 0.800, AUROC 0.950. The unit rows" in text
+
+
+def test_card_says_recovered_only_for_a_base_recover_wrote_not_for_its_trained_descendants() -> None:
+    """A base recovered from a shipped INT8 graph is named so; checkpoints trained from it carried the same marker in
+    their config (older train tool runs), and a stage trained from one of those starts from trained weights."""
+    origin = {"artifact_hash": "7" * 64, "graph_sha256": "8" * 64}
+    first = {"command": ["train.py"], "data": {}, "recipe": {"loss": "cross-entropy"},
+             "best": {"step": 5, "full": {"snli/dev": 0.8}}}
+    recovered = {"base_training": first, "base_model": {"recovered_from": origin,
+                                                        "trained_by_this_tool": {"recovered_from": None}}}
+    assert ship.recovered_origin(recovered["base_model"]) == origin
+    assert "continued from the stage-1 weights recovered from the shipped INT8 graph (artifact `7777777777777777…`" \
+        in ship.stages_text(recovered)
+    inherited = {"base_training": first, "base_model": {"recovered_from": origin,
+                                                        "trained_by_this_tool": {"recovered_from": origin}}}
+    assert ship.recovered_origin(inherited["base_model"]) is None
+    assert "Stage 2 continued from the stage-1 checkpoint with the rows" in ship.stages_text(inherited)
 
 
 def test_a_mixed_base_stage_keeps_its_mix_in_the_training_record(tmp_path: Path) -> None:

@@ -269,6 +269,23 @@ def test_extra_rows_join_the_training_data_and_the_log(quiet_main, tool, ckpt_be
     assert log["data"]["train_rows_used"] == 98
 
 
+def test_a_base_recovered_from_a_graph_is_logged_and_its_marker_not_passed_on(quiet_main, tool, ckpt_bert,  # type: ignore[no-untyped-def]
+                                                                             tmp_path) -> None:
+    """A base written by recover.py names its graph in config.json: the run logs it as its base's origin, and the
+    checkpoint it trains does not carry the marker (its weights are trained, not recovered)."""
+    import shutil
+
+    base = tmp_path / "recovered"
+    shutil.copytree(ckpt_bert, base)
+    config = json.loads((base / "config.json").read_text())
+    origin = {"artifact_hash": "a" * 64, "graph_sha256": "b" * 64}
+    (base / "config.json").write_text(json.dumps({**config, "fastnli_recovered_from": origin}))
+    assert quiet_main(_tiny_run(base, tmp_path / "run")) == 0
+    log = json.loads((tmp_path / "run" / "training_log.json").read_text())
+    assert log["base_model"]["recovered_from"] == origin
+    assert "fastnli_recovered_from" not in json.loads((tmp_path / "run" / "config.json").read_text())
+
+
 def test_repeat_rows_appends_copies_of_the_files_rows_in_their_order(tool, tmp_path) -> None:  # type: ignore[no-untyped-def]
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/nli-data is not present (set FASTNLI_NLI_DATA)")

@@ -724,7 +724,7 @@ def record_teacher_lineages(training: dict[str, Any]) -> None:
     from the teacher's artifact while it exists (a log whose teacher came from ``--teacher-cache`` has none)."""
     for stage in training_stages(training):
         teacher = (stage.get("recipe") or {}).get("teacher_engine")
-        if teacher and teacher.get("lineage") is None and teacher.get("artifact"):
+        if teacher and teacher.get("lineage") is None and (Path(teacher.get("artifact") or "") / MANIFEST_NAME).is_file():
             teacher["lineage"] = teacher_lineage(Path(teacher["artifact"]))
 
 
@@ -757,13 +757,23 @@ def stages_text(t: dict[str, Any]) -> str:
         parts.append(f"Stage {i}, {start}: `{stage['command']}` ({extra.get('rows', 0):,} generated rows; "
                      f"{stage['recipe']['loss']}; best step {stage['best']['step']}, "
                      f"{json.dumps(stage['best']['full'])}{mixed}).")
-    recovered = t["base_model"].get("recovered_from")
+    recovered = recovered_origin(t["base_model"])
     start = (f"the stage-{len(stages) - 1} weights recovered from the shipped INT8 graph (artifact "
              f"`{recovered['artifact_hash'][:16]}…`, `tools/default_model/recover.py`: its int8 products dequantized; "
              f"a rebuild from scratch starts from the stage-{len(stages) - 1} checkpoint itself)" if recovered
              else f"the stage-{len(stages) - 1} checkpoint")
     return (f"Trained in {len(stages)} stages. " + " ".join(parts) + f" Stage {len(stages)} continued from {start} "
             "with the rows and recipe below:\n\n")
+
+
+def recovered_origin(base_model: dict[str, Any]) -> dict[str, Any] | None:
+    """The graph a stage's base weights were recovered from (``recovered_from`` of its ``base_model`` record,
+    ``tools/default_model/recover.py``), or None when they were trained: checkpoints the train tool wrote before it
+    dropped the marker from their config carry their ancestor's, the same as their own base's record."""
+    origin: dict[str, Any] | None = base_model.get("recovered_from")
+    if origin and origin == (base_model.get("trained_by_this_tool") or {}).get("recovered_from"):
+        return None  # inherited through config.json from the base it was trained from
+    return origin
 
 
 def training_command(logged: list[str], paths: list[str]) -> str:

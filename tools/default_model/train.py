@@ -1296,6 +1296,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     model.config.id2label, model.config.label2id = ID2LABEL, LABEL2ID
+    if hasattr(model.config, "fastnli_recovered_from"):  # trained weights are no longer the recovered ones
+        del model.config.fastnli_recovered_from
     model.save_pretrained(args.out, safe_serialization=True)
     tokenizer.save_pretrained(args.out)
 
