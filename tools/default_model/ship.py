@@ -644,8 +644,7 @@ def rebuild_text(t: dict[str, Any]) -> str:
         return ""
     steps: list[str] = []
     restored: set[str] = set()
-    before = ""  # the weights the stage starts from: the previous stage's checkpoint, or its mix
-    outs: list[str] = []  # each stage's weights as the next stage reads them (after its mix)
+    outs: list[str] = []  # each stage's weights as the next stage reads them (its checkpoint, or its mix)
     for i, stage in enumerate(stages, 1):
         rows_dir, out = f"/tmp/answers-{i}", f"/tmp/default-nli-{i}"
         restore, teacher = teacher_step(stage)
@@ -658,20 +657,18 @@ def rebuild_text(t: dict[str, Any]) -> str:
             rows = rows_steps(extra, rows_dir, restored) + ", then "
             paths += ["--extra-train", f"{rows_dir}/train.jsonl"]
         paths += ["--out", out]
-        if before:
-            paths += ["--base", before]
+        if outs:  # the weights the stage starts from
+            paths += ["--base", outs[-1]]
         steps.append(f"{len(steps) + 1}. {restore}{rows}`{training_command(stage['command'], paths + teacher)}`")
-        if (mix := stage.get("interpolated")) and before:  # mixed with the weights of an earlier stage
+        if (mix := stage.get("interpolated")) and outs:  # mixed with the weights of an earlier stage
             steps.append(f"{len(steps) + 1}. `python -m tools.default_model.interpolate "
                          f"--base {outs[mix_base_stage(stages, i) - 1]} --tuned {out} --alpha {mix['alpha']} "
                          f"--out {out}-mix`")
             out += "-mix"
-        before = out
         outs.append(out)
-    final = before
     return ("\nRebuild, from the repository root (every row file is the same byte for byte; its sha256 is in the "
             "training log):\n\n" + "\n".join(steps) + f"\n{len(steps) + 1}. `python -m tools.default_model.ship "
-            f"--checkpoint {final}` (it evaluates on the answer rows of the default arguments, as the CI gate does)\n")
+            f"--checkpoint {outs[-1]}` (it evaluates on the answer rows of the default arguments, as the CI gate does)\n")
 
 
 def stage_base_sha256(stage: dict[str, Any]) -> str | None:
@@ -685,10 +682,10 @@ def mix_base_stage(stages: list[dict[str, Any]], i: int) -> int:
     """The stage (1-based) whose weights stage ``i``'s checkpoint was mixed with (``interpolated``): the one whose
     weights a later stage started from, found by sha256 (``interpolated.base_sha256``); stage ``i - 1``, the weights
     stage ``i`` started from, when none matches."""
-    want = (stages[i - 1].get("interpolated") or {}).get("base_sha256")
-    for k in range(i - 1, 0, -1):  # stage k's weights are what stage k + 1 started from
-        if want is not None and stage_base_sha256(stages[k]) == want:
-            return k
+    if (want := (stages[i - 1].get("interpolated") or {}).get("base_sha256")) is not None:
+        for k in range(i - 1, 0, -1):  # stage k's weights are what stage k + 1 started from
+            if stage_base_sha256(stages[k]) == want:
+                return k
     return i - 1
 
 
@@ -751,9 +748,11 @@ def stages_text(t: dict[str, Any]) -> str:
     for i, stage in enumerate(stages[:-1], 1):
         extra = stage["data"].get("extra_train") or {}
         start = "from all-MiniLM-L6-v2" if i == 1 else f"from the stage-{i - 1} checkpoint"
-        k = mix_base_stage(stages, i)
-        mixed = (f"; then (1 - {mix['alpha']}) x {'the weights it started from' if k == i - 1 else f'the stage-{k} weights'}"
-                 f" + {mix['alpha']} x this checkpoint" if (mix := stage.get("interpolated")) else "")
+        mixed = ""
+        if mix := stage.get("interpolated"):
+            k = mix_base_stage(stages, i)
+            weights = "the weights it started from" if k == i - 1 else f"the stage-{k} weights"
+            mixed = f"; then (1 - {mix['alpha']}) x {weights} + {mix['alpha']} x this checkpoint"
         parts.append(f"Stage {i}, {start}: `{stage['command']}` ({extra.get('rows', 0):,} generated rows; "
                      f"{stage['recipe']['loss']}; best step {stage['best']['step']}, "
                      f"{json.dumps(stage['best']['full'])}{mixed}).")
