@@ -69,6 +69,15 @@ def test_operator_equals_numpy_at_any_shape_thread_count_and_mask(batch: int, he
     assert fa.within_tolerance(_op_session(threads).run(None, feeds)[0], fa.disentangled_attention(**feeds))
 
 
+def test_every_session_options_registered_after_the_first_shares_one_working_operator() -> None:
+    """The library makes its operator domain once per process and adds it to each session options it registers with
+    (sessions created and dropped one after another, as a service reloading models does)."""
+    feeds = fa.random_inputs(2, 2, 40, 16, seed=3)
+    want = fa.disentangled_attention(**feeds)
+    for _ in range(20):
+        assert fa.within_tolerance(_op_session(1).run(None, feeds)[0], want)
+
+
 @pytest.mark.parametrize("length", [32, 33, 150, 257])
 def test_short_rows_and_long_rows_take_their_own_paths_to_the_same_attention(length: int) -> None:
     """Rows up to 32 positions read all three score terms in one tile; longer ones read the queries' position band

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -501,6 +502,26 @@ OrtCustomOp MakeOp() {
 
 OrtCustomOp g_op = MakeOp();
 
+// The operator's domain: one for the process, made on the first registration and shared by every session options
+// after it (each keeps a pointer to it, so it lives as long as the process; a domain per registration would leak one
+// per session a service creates).
+OrtStatus* TheDomain(const OrtApi* api, OrtCustomOpDomain** out) {
+  static std::mutex lock;
+  static OrtCustomOpDomain* domain = nullptr;
+  std::lock_guard<std::mutex> hold(lock);
+  if (domain == nullptr) {
+    OrtCustomOpDomain* made = nullptr;
+    if (OrtStatus* s = api->CreateCustomOpDomain(kDomain, &made)) return s;
+    if (OrtStatus* s = api->CustomOpDomain_Add(made, &g_op)) {
+      api->ReleaseCustomOpDomain(made);
+      return s;
+    }
+    domain = made;
+  }
+  *out = domain;
+  return nullptr;
+}
+
 }  // namespace
 
 extern "C" {
@@ -512,9 +533,8 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
   if (api == nullptr) return nullptr;  // a runtime older than the API asked for: no domain, the graph stays plain
   g_api = api;
   OrtCustomOpDomain* domain = nullptr;
-  if (OrtStatus* s = api->CreateCustomOpDomain(kDomain, &domain)) return s;
-  if (OrtStatus* s = api->CustomOpDomain_Add(domain, &g_op)) return s;
-  return api->AddCustomOpDomain(options, domain);  // the domain lives as long as the process (ORT's own examples)
+  if (OrtStatus* s = TheDomain(api, &domain)) return s;
+  return api->AddCustomOpDomain(options, domain);
 }
 
 // The float lanes of the kernel this CPU runs: 16 (AVX-512F), 8 (AVX2 + FMA) or 4 (generic, slower than ORT's
