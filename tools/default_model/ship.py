@@ -55,8 +55,8 @@ LABELS = ["contradiction", "neutral", "entailment"]
 #: (:mod:`fastnli.exporter.weight_rounding`; the graphs of stages 9-13 before the percentile below).
 #: ``static-gptq-p99.9999-fp16-embeddings`` fixes each activation range at the 99.9999th percentile of the calibration
 #: tokens instead of the 99.999th (chosen on the stage-13 mix, docs/export.md); it is the default: the shipped
-#: model's, so that the model card's commands rebuild it. ``static-gptq-ffn-split-fp16-embeddings`` (stages 6 to 9 as first shipped) splits the FFN's outliers
-#: alone (8 neurons, 6 channels).
+#: model's, so that the model card's commands rebuild it. ``static-gptq-ffn-split-fp16-embeddings`` (stages 6 to 9 as
+#: first shipped) splits the FFN's outliers alone (8 neurons, 6 channels).
 #: ``fastnli.exporter.precision.INT8_RECIPES`` gives the measured trade-off of each.
 RECIPES: dict[str, dict[str, Any]] = {
     "static-gptq-fp16-embeddings": {**INT8_RECIPES["static-gptq"], "embeddings": "fp16"},
