@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from fastnli.engine.manifest import MANIFEST_NAME
+from fastnli.engine.manifest import MANIFEST_NAME, checkpoint_hash
 from tools.default_model import candidates
 from tools.default_model.weights_delta import WEIGHTS
 
@@ -42,7 +42,8 @@ def test_main_measures_each_checkpoint_once_and_writes_the_table(monkeypatch: py
         assert precisions == ("fp32",)
         exported.append(checkpoint.name)
         artifact.mkdir(parents=True)
-        (artifact / MANIFEST_NAME).write_text(json.dumps({"artifact_hash": checkpoint.name}))
+        (artifact / MANIFEST_NAME).write_text(json.dumps({"artifact_hash": checkpoint.name,
+                                                          "source_hash": checkpoint_hash(checkpoint)}))
 
     def figures(artifact: Path, rows: list[dict[str, Any]], data: Path, documents: bool) -> dict[str, float]:
         manifest = json.loads((artifact / MANIFEST_NAME).read_text())
@@ -57,8 +58,9 @@ def test_main_measures_each_checkpoint_once_and_writes_the_table(monkeypatch: py
         (tmp_path / name).mkdir()
         (tmp_path / name / WEIGHTS).write_bytes(name.encode())
     out = tmp_path / "out"
-    (out / "mix").mkdir(parents=True)  # a graph already there is reused, not exported again
-    (out / "mix" / MANIFEST_NAME).write_text(json.dumps({"artifact_hash": "ck-mix"}))
+    (out / "mix").mkdir(parents=True)  # a graph already there, from the same checkpoint, is reused, not exported again
+    (out / "mix" / MANIFEST_NAME).write_text(json.dumps({"artifact_hash": "ck-mix",
+                                                         "source_hash": checkpoint_hash(tmp_path / "ck-mix")}))
     argv = ["--rows", str(rows), "--out", str(out), f"base={tmp_path / 'ck-base'}", f"mix={tmp_path / 'ck-mix'}"]
     assert candidates.main(argv) == 0
     assert exported == ["ck-base"]
@@ -70,16 +72,18 @@ def test_main_measures_each_checkpoint_once_and_writes_the_table(monkeypatch: py
 
 def test_main_reuses_figures_of_the_same_weights_and_measures_changed_ones(monkeypatch: pytest.MonkeyPatch,
                                                                           tmp_path: Path) -> None:
-    """A second run over the same --out measures only what changed: the base's figures are read back while its
-    weights' sha256 and the run's rows, data and --documents match; new weights under a known name are measured."""
+    """A second run over the same --out measures only what changed: the base's graph and figures are reused while its
+    checkpoint's hash and the run's rows, data and --documents match; new weights under a known name are exported
+    again and measured on their own graph."""
     measured: list[str] = []
 
     def export(checkpoint: Path, artifact: Path, precisions: tuple[str, ...]) -> None:
         artifact.mkdir(parents=True, exist_ok=True)
-        (artifact / MANIFEST_NAME).write_text(json.dumps({"artifact_hash": checkpoint.name}))
+        (artifact / MANIFEST_NAME).write_text(json.dumps({"source_hash": checkpoint_hash(checkpoint),
+                                                          "weights": (checkpoint / WEIGHTS).read_text()}))
 
     def figures(artifact: Path, rows: list[dict[str, Any]], data: Path, documents: bool) -> dict[str, float]:
-        weights = (tmp_path / artifact.name / WEIGHTS).read_text()
+        weights = json.loads((artifact / MANIFEST_NAME).read_text())["weights"]  # what the graph was exported from
         measured.append(weights)
         return {"nli: snli/dev": len(weights) / 10}
 

@@ -16,8 +16,9 @@ on dev data only:
   ``contradiction_choice`` for the reading model's fallback and contradiction bar.
 
 Writes ``candidates.json`` (every figure) and ``candidates.md`` (a table: each candidate's figure and its difference
-from the base). An export already under ``--out`` is reused, and so are its figures in ``candidates.json`` when they
-were measured on the same rows, data, reading settings and ``--documents``, from weights of the same sha256.
+from the base). A graph already under ``--out`` is reused when it was exported from the same checkpoint (its
+manifest's ``source_hash``), and so are its figures in ``candidates.json`` when they were measured on the same rows,
+data, reading settings and ``--documents``.
 
     python -m tools.default_model.candidates --rows /tmp/a/dev.jsonl --out /tmp/cmp \\
         base=/tmp/stage8 mix=/tmp/mix tuned=/tmp/tuned [--documents]
@@ -33,10 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from fastnli.engine import NLIEngine
-from fastnli.engine.manifest import MANIFEST_NAME, sha256_file
+from fastnli.engine.manifest import MANIFEST_NAME, checkpoint_hash
 from tools.default_model import contradiction_choice, mission_eval, ship, written_answers
 from tools.default_model.answer_data import read_jsonl
-from tools.default_model.weights_delta import WEIGHTS
 
 logger = logging.getLogger("fastnli")
 #: the manifest fields that decide how a shipped model reads its inputs, copied to every candidate's graph
@@ -80,11 +80,12 @@ def figures(artifact: Path, rows: list[dict[str, Any]], data: Path, documents: b
 
 
 def reusable_figures(earlier: dict[str, Any], record: dict[str, Any], name: str) -> dict[str, float] | None:
-    """``name``'s figures in an earlier ``candidates.json`` (``earlier``) when that run measured the same weights (by
-    sha256) on the same rows, data, reading settings and ``--documents`` as this one (``record``); else None."""
+    """``name``'s figures in an earlier ``candidates.json`` (``earlier``) when that run measured the same checkpoint
+    (:func:`~fastnli.engine.manifest.checkpoint_hash`) on the same rows, data, reading settings and ``--documents`` as
+    this one (``record``); else None."""
     same = all(earlier.get(k) == record.get(k) for k in ("rows", "documents", "data", "reading"))
-    weights = earlier.get("weights_sha256", {}).get(name)
-    if not same or weights is None or weights != record["weights_sha256"][name]:
+    source = earlier.get("source_hash", {}).get(name)
+    if not same or source is None or source != record["source_hash"][name]:
         return None
     known: dict[str, float] | None = earlier.get("figures", {}).get(name)
     return known
@@ -129,12 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, float]] = {}
     record: dict[str, Any] = {"base": pairs[0][0], "rows": str(args.rows), "documents": args.documents,
                               "data": str(args.data), "checkpoints": {name: path for name, _, path in pairs},
-                              "weights_sha256": {name: sha256_file(Path(path) / WEIGHTS) for name, _, path in pairs}}
+                              "source_hash": {name: checkpoint_hash(path) for name, _, path in pairs}}
     earlier = args.out / "candidates.json"
     earlier_record = json.loads(earlier.read_text(encoding="utf-8")) if earlier.is_file() else {}
     for name, _, path in pairs:
-        artifact = args.out / name
-        if (artifact / MANIFEST_NAME).is_file():
+        artifact, manifest = args.out / name, args.out / name / MANIFEST_NAME
+        if manifest.is_file() and json.loads(manifest.read_text()).get("source_hash") == record["source_hash"][name]:
             logger.info("%s: reusing the graph in %s", name, artifact)
         else:
             export(Path(path), artifact, precisions=("fp32",))
