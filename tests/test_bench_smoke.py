@@ -202,6 +202,22 @@ def test_needle_windows_groups_sentences_and_merges_two_readings_group_by_group(
     assert rows[:, 0].tolist() == [0.0, 10.0, 11.0, 1.0, 2.0, 12.0] and merged.tolist() == [0, 3, 6]
 
 
+def test_needle_windows_confirmed_reading_needs_a_window_and_one_of_its_sentences_over_their_bars() -> None:
+    from bench.needle_windows import confirmed_labels
+
+    probs = np.array([[0.1, 0.3, 0.6], [0.9, 0.1, 0.0],  # supported: entailment whatever the rest says
+                      [0.85, 0.1, 0.05], [0.1, 0.8, 0.1],  # contradicting window under the bar, sentence over it
+                      [0.85, 0.1, 0.05], [0.1, 0.8, 0.1],  # the same window, its sentences under the sentence bar
+                      [0.3, 0.6, 0.1]])  # a window under the confirm bar
+    starts = np.array([0, 2, 4, 6, 7])
+    confirm = np.array([[[0.9, 0.99]], [[0.85, 0.96]], [[0.85, 0.6]], [[0.3, 0.99]]])
+    got = confirmed_labels(probs, starts, confirm, 0.5, 0.95, 0.8, 0.9, 1)
+    assert got.tolist() == [2, 0, 1, 1]
+    assert confirmed_labels(probs, starts, confirm, 0.5, 0.95, 0.8, 0.5, 1).tolist() == [2, 0, 0, 1]
+    assert confirmed_labels(probs, starts, confirm, 0.5, 0.8, 0.99, 0.99, 1).tolist() == [2, 0, 0, 1]  # the bar
+    assert confirmed_labels(probs, starts, confirm, 0.5, None, 0.2, 0.9, 1).tolist() == [2, 0, 1, 0]
+
+
 def test_operator_speed_checks_each_shape_against_numpy_and_names_a_bad_shape() -> None:
     import argparse
 
