@@ -526,16 +526,16 @@ def collate(split: Split, idx: np.ndarray, pad_id: int, multiple: int = 1, cap: 
     rounded = -(-longest // multiple) * multiple
     width = max(longest, min(rounded, cap if cap is not None else rounded))
     ids = np.full((len(idx), width), pad_id, dtype=np.int64)
-    types = np.zeros((len(idx), width), dtype=np.int64)
     mask = np.zeros((len(idx), width), dtype=np.int64)
     for row, i in enumerate(idx):
         n = split.lengths[i]
         ids[row, :n] = split.input_ids[i]
-        if split.token_type_ids:
-            types[row, :n] = split.token_type_ids[i]
         mask[row, :n] = 1
     batch = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
     if split.token_type_ids:
+        types = np.zeros((len(idx), width), dtype=np.int64)
+        for row, i in enumerate(idx):
+            types[row, :split.lengths[i]] = split.token_type_ids[i]
         batch["token_type_ids"] = torch.from_numpy(types)
     return batch
 
