@@ -9,7 +9,7 @@ support bar x contradiction bar x fallback of :func:`fastnli.engine.windows.deci
 accuracy with the premise per depth, neutral kept without it, and their mean over depths (``contradiction_choice``'s
 score); then, for the model's policy, accuracy per gold label against the pair read alone. ``--json`` writes it all.
 
-``--readings confirmed`` reads the windows once more in a second pass instead: for a document that no window
+``--readings confirmed`` reads the windows and, instead of every sentence, a second pass: for a document that no window
 supports and none contradicts above the bar, each of its ``k`` most contradicting windows (k = 1, 2) whose
 P(contradiction) is above a *confirm bar* has its sentences read alone, and the document reads as contradiction when
 one of them is above a *sentence bar* (the evidence sentence then gets its alone reading, which the window's unrelated
@@ -141,7 +141,7 @@ def confirmed_candidates(engine: NLIEngine, per_depth: dict[int, Any], gold: np.
 def measure(model: Path, data: Path, part: str, n_pairs: int, seed: int, confirmed: bool = False
             ) -> dict[str, Any]:
     """The candidates' accuracy and neutral kept per depth, and the model policy's accuracy per label; with
-    ``confirmed``, the candidates of the ``confirmed`` reading instead of :data:`READINGS`."""
+    ``confirmed``, those of the ``confirmed`` reading and of ``windows`` (the sentences are not read whole)."""
     engine = NLIEngine(model, device="cpu")
     policy = engine.window_planner.policy
     pairs, pool = load(data, n_pairs, seed, part)
