@@ -72,11 +72,11 @@ def readings(engine: NLIEngine, texts: Sequence[str], hyps: Sequence[str], sente
     """Per reading of :data:`READINGS` (``windows`` only when not ``sentences``): (probabilities, group offsets) of
     ``texts`` against ``hyps``; and the (window, hypothesis) pairs of the ``windows`` reading."""
     plan = engine.window_planner.plan(list(texts), list(hyps), "chunk")
-    sent_pairs, sent_starts = sentence_groups(texts, hyps) if sentences else ([], np.zeros(1, dtype=np.int64))
+    if not sentences:
+        return {"windows": (engine.predict(plan.pairs, "truncate"), plan.starts)}, plan.pairs
+    sent_pairs, sent_starts = sentence_groups(texts, hyps)
     probs = engine.predict(plan.pairs + sent_pairs, "truncate")  # a sentence that is also a window: scored once
     win, sent = probs[:len(plan.pairs)], probs[len(plan.pairs):]
-    if not sentences:
-        return {"windows": (win, plan.starts)}, plan.pairs
     return {"windows": (win, plan.starts), "sentences": (sent, sent_starts),
             "both": union(win, plan.starts, sent, sent_starts)}, plan.pairs
 
@@ -107,11 +107,8 @@ def confirmed_labels(probs: np.ndarray, starts: np.ndarray, confirm: np.ndarray,
     contradiction."""
     rows = deciding_rows(probs, starts, support, bar, "neutral")
     labels = probs[rows].argmax(1)
-    owner = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
-    top_e = np.zeros(len(starts) - 1)
-    np.maximum.at(top_e, owner, probs[:, -1])
-    top_c = confirm[:, 0, 0]
-    undecided = (top_e <= support) & (True if bar is None else top_c <= bar)
+    top_e = np.maximum.reduceat(probs[:, -1], starts[:-1])  # groups are non-empty
+    undecided = (top_e <= support) & (True if bar is None else confirm[:, 0, 0] <= bar)  # [:, 0, 0]: the top P(c)
     hit = ((confirm[:, :k, 0] > confirm_bar) & (confirm[:, :k, 1] > sentence_bar)).any(1)
     return np.where(undecided & hit, CANONICAL_LABELS.index("contradiction"), labels)
 
