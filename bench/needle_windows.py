@@ -14,7 +14,8 @@ supports and none contradicts above the bar, each of its ``k`` most contradictin
 P(contradiction) is above a *confirm bar* has its sentences read alone, and the document reads as contradiction when
 one of them is above a *sentence bar* (the evidence sentence then gets its alone reading, which the window's unrelated
 sentences dilute); the rest take the neutral fallback. It costs the windows plus a few sentences per document, where
-``sentences`` reads every sentence.
+``sentences`` reads every sentence. ``--readings windows`` reads the windows alone: the cheapest reading, to compare
+models under the same rules.
 """
 
 from __future__ import annotations
@@ -135,22 +136,25 @@ def confirmed_candidates(engine: NLIEngine, per_depth: dict[int, Any], gold: np.
     return out
 
 
-def measure(model: Path, data: Path, part: str, n_pairs: int, seed: int, confirmed: bool = False
-            ) -> dict[str, Any]:
-    """The candidates' accuracy and neutral kept per depth, and the model policy's accuracy per label; with
-    ``confirmed``, those of the ``confirmed`` reading and of ``windows`` (the sentences are not read whole)."""
+def measure(model: Path, data: Path, part: str, n_pairs: int, seed: int, kind: str = "all") -> dict[str, Any]:
+    """The candidates' accuracy and neutral kept per depth, and the model policy's accuracy per label. ``kind``:
+    ``all`` (every reading of :data:`READINGS`), ``windows`` (the windows alone: the sentences are not read), or
+    ``confirmed`` (the ``confirmed`` reading and ``windows``)."""
+    if kind not in ("all", "windows", "confirmed"):
+        raise ValueError(f"kind must be 'all', 'windows' or 'confirmed', not {kind!r}")
+    confirmed, whole = kind == "confirmed", kind == "all"
     engine = NLIEngine(model, device="cpu")
     policy = engine.window_planner.policy
     pairs, pool = load(data, n_pairs, seed, part)
     gold = np.array([CANONICAL_LABELS.index(r["label"]) for r in pairs])
     hyps = [r["hypothesis"] for r in pairs]
     alone = engine.predict([(r["premise"], r["hypothesis"]) for r in pairs], "truncate").argmax(1)
-    per_depth = {d: (readings(engine, [x[0] for x in items], hyps, not confirmed),
-                     readings(engine, [x[2] for x in items], hyps, not confirmed))
+    per_depth = {d: (readings(engine, [x[0] for x in items], hyps, whole),
+                     readings(engine, [x[2] for x in items], hyps, whole))
                  for d, items in documents(pairs, pool, DEPTHS, engine, seed).items()}
     candidates = confirmed_candidates(engine, per_depth, gold, policy.support_threshold) if confirmed else []
     for reading, support, bar, fallback in itertools.product(READINGS, SUPPORT_BARS, CONTRADICTION_BARS, FALLBACKS):
-        if confirmed and reading != "windows":
+        if not whole and reading != "windows":
             continue
         accuracy, kept = [], []
         for (with_premise, _), (without, _) in per_depth.values():
@@ -185,12 +189,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=300, help="pairs, a third per label (default 300)")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--top", type=int, default=12, help="candidates printed, best score first (default 12)")
-    p.add_argument("--readings", default="all", choices=["all", "confirmed"],
-                   help="all: windows, sentences, both (default); confirmed: windows, and windows confirmed by the "
-                        "sentences of the most contradicting ones")
+    p.add_argument("--readings", default="all", choices=["all", "windows", "confirmed"],
+                   help="all: windows, sentences, both (default); windows: the windows alone (to compare models); "
+                        "confirmed: windows, and windows confirmed by the sentences of the most contradicting ones")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
-    out = measure(args.model, args.data, args.part, args.pairs, args.seed, args.readings == "confirmed")
+    out = measure(args.model, args.data, args.part, args.pairs, args.seed, args.readings)
     lines = [f"{args.part} part, {out['pairs']} pairs; alone {out['alone_accuracy']:.3f}; depths {out['depths']}",
              "| reading | support bar | contradiction bar | fallback | accuracy per depth | neutral kept | score |",
              "|---|---|---|---|---|---|---|"]

@@ -236,3 +236,25 @@ def test_operator_speed_checks_each_shape_against_numpy_and_names_a_bad_shape() 
         assert 5 <= kept.sum() <= 10 and (pair == ~(kept[:, None] & kept[None, :])).all()
     with pytest.raises(argparse.ArgumentTypeError, match=r"--shapes takes PAIRSxPOSITIONS,\.\.\. .* not '2x'"):
         _shapes("2x")
+
+
+def test_needle_windows_reads_windows_alone_under_every_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--readings windows``: only the windows' candidates (every support bar x contradiction bar x fallback), and
+    the policy's candidate is the per-label figure averaged (one pair per label)."""
+    from conftest import SHARED_DATA
+
+    from bench import needle_windows as nw
+    from fastnli.engine.windows import FALLBACKS
+
+    monkeypatch.setattr(nw, "DEPTHS", (0, 500))
+    out = nw.measure(DEFAULT_MODEL_DIR, SHARED_DATA, "dev", 3, seed=7, kind="windows")
+    cands = out["candidates"]
+    assert {c["reading"] for c in cands} == {"windows"}
+    assert len(cands) == len(nw.SUPPORT_BARS) * len(nw.CONTRADICTION_BARS) * len(FALLBACKS)
+    policy = out["policy"]
+    mine = next(c for c in cands if (c["support_bar"], c["contradiction_bar"], c["fallback"])
+                == (policy["support_bar"], policy["contradiction_bar"], policy["fallback"]))
+    for depth, accuracy in zip(out["depths"], mine["accuracy"]):
+        assert accuracy == pytest.approx(np.mean(out["policy_accuracy_by_label"][str(depth)]))
+    with pytest.raises(ValueError, match="kind must be 'all', 'windows' or 'confirmed', not 'every'"):
+        nw.measure(DEFAULT_MODEL_DIR, SHARED_DATA, "dev", 3, seed=7, kind="every")
