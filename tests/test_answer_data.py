@@ -525,6 +525,64 @@ def test_hard_evidence_keeps_pairs_right_alone_and_wrong_in_a_document() -> None
     assert hard_evidence_rows(rows, pools, predict, seed=5, pairs=4, labels=labels)[1]["pairs"] == 4
 
 
+def test_faint_windows_keep_contradictions_read_under_the_bar_beside_their_removed_and_siblings() -> None:
+    """``--kind faint``: an SNLI training contradiction the model labels contradiction alone and reads at or under
+    the bar in its window becomes a contradiction row (the window holds the premise), then the same length of
+    unrelated text without it (neutral), then the window against the premise's other hypotheses (their labels); a
+    pair wrong alone, or above the bar in its window, adds nothing."""
+    from tools.default_model.hard_windows import MAX_WORDS, MIN_WORDS, hard_faint_rows
+
+    labels = ("contradiction", "neutral", "entailment")
+    rows = [{"source": "snli/train", "label": "contradiction", "premise": f"A man number {i} plays a guitar.",
+             "hypothesis": f"Someone {i} sleeps."} for i in range(20)]
+    rows += [{"source": "snli/train", "label": label, "premise": f"A man number {i} plays a guitar.",
+              "hypothesis": f"Sibling {i} {label} waits."} for i in range(0, 20, 4) for label in ("neutral",
+                                                                                                "entailment")]
+    rows += [{"source": "lingnli/train", "label": "contradiction", "premise": "A dog.", "hypothesis": "A cat."}]
+    pools = {"train": [f"The committee met on day {i} of the session." for i in range(30)] + [AWAITED] * 30,
+             "eval": []}
+    gold_of = {r["hypothesis"]: labels.index(r["label"]) for r in rows}
+    seen: list[tuple[str, str]] = []
+
+    def predict(pairs: Any) -> np.ndarray:
+        """Pair 3 reads neutral alone; a window reads P(contradiction) 0.9 when its hypothesis number is even, 0.99
+        when odd."""
+        seen.extend(pairs)
+        out = []
+        for p, h in pairs:
+            if len(p.split()) < 10:
+                out.append(np.eye(3)[1 if h.startswith("Someone 3 ") else gold_of[h]])
+            else:
+                pc = 0.9 if int(h.split()[1]) % 2 == 0 else 0.99
+                out.append(np.array([pc, 1 - pc, 0.0]))
+        return np.array(out)
+
+    got, counts = hard_faint_rows(rows, pools, predict, seed=5, pairs=50, labels=labels, bar=0.95)
+    assert counts["pairs"] == 20 and counts["right_alone"] == 19 and len(seen) == 40
+    windows = {h: p for p, h in seen[20:]}
+    faint = [r for r in got if r["source"] == "window/faint"]
+    assert counts["faint"] == len(faint) == 10  # the even pairs
+    assert sorted(r["hypothesis"] for r in faint) == sorted(f"Someone {i} sleeps." for i in range(0, 20, 2))
+    for kept in faint:
+        pair = next(r for r in rows if r["hypothesis"] == kept["hypothesis"])
+        removed = got[got.index(kept) + 1]
+        assert (kept["label"], removed["source"], removed["label"]) == ("contradiction", "window/removed", "neutral")
+        assert kept["premise"] == windows[kept["hypothesis"]] and pair["premise"] in kept["premise"]
+        assert MIN_WORDS <= len(kept["premise"].split()) <= MAX_WORDS + 12
+        assert removed["hypothesis"] == kept["hypothesis"] and pair["premise"] not in removed["premise"]
+        siblings = [r for r in got if r["source"] == "window/sibling" and r["premise"] == kept["premise"]]
+        number = int(kept["hypothesis"].split()[1])
+        expected = [("entailment", f"Sibling {number} entailment waits."),
+                    ("neutral", f"Sibling {number} neutral waits.")] if number % 4 == 0 else []
+        assert sorted((r["label"], r["hypothesis"]) for r in siblings) == expected
+        if siblings:
+            assert AWAITED not in kept["premise"]
+    assert counts["siblings"] == sum(r["source"] == "window/sibling" for r in got) == 10
+    assert counts["window_p_contradiction_median"] == pytest.approx(0.9)
+    assert hard_faint_rows(rows, pools, predict, seed=5, pairs=50, labels=labels, bar=0.95)[0] == got
+    assert hard_faint_rows(rows, pools, predict, seed=5, pairs=50, labels=labels, bar=0.995)[1]["faint"] == 19
+
+
 def test_hard_window_rows_follow_an_answer_data_folder_byte_for_byte(tmp_path: Path) -> None:
     """``--after``: the written file is the folder's rows, unchanged, then the hard rows, and its build record carries
     the folder's record; a folder whose rows differ from its record is refused by name."""

@@ -42,6 +42,16 @@ source (at most one per other label, each with its own label), so that the hypot
 document, decides. Without the siblings a model trained on the rows learns that a document holding a sentence on the
 hypothesis's topic is not neutral: on the mission dev part, the neutral pairs among 330 words of unrelated text kept
 their label 13% of the time (the starting model: 73%).
+
+``--kind faint`` mines what the contradiction bar misses: a document read in windows reads as contradiction only
+when a window's P(contradiction) is above the model's bar (its manifest's ``contradiction_threshold``), and a
+contradicting sentence among unrelated text often reads under it where the pair alone reads contradiction
+(docs/grounding.md). The first ``--pairs`` SNLI training contradiction pairs (in an order shuffled by ``--seed``) each
+get one window of unrelated training-pool sentences (10-130 words) with the pair's premise at a random depth. A pair
+the model labels contradiction alone whose window it reads at or under the bar becomes a ``window/faint`` row
+(contradiction) beside a ``window/removed`` row (unrelated sentences of the same length, neutral) and
+``window/sibling`` rows (the same window against the premise's other SNLI hypotheses, each with its own label), so
+that the contradicting sentence, not the window or its topic, decides.
 """
 
 from __future__ import annotations
@@ -81,7 +91,10 @@ EVIDENCE_MIN_WORDS, EVIDENCE_MAX_WORDS = 40, 330
 #: the ``tool`` of this tool's build records
 TOOL = "tools.default_model.hard_windows"
 #: the row kinds this tool mines (``--kind``)
-KINDS = ("windows", "contradiction", "evidence")
+KINDS = ("windows", "contradiction", "evidence", "faint")
+#: ``--kind faint``: a contradiction read alone (argmax) whose window the model reads at or under this P(contradiction)
+#: is faint, where the scoring model's manifest names no contradiction bar of its own
+FAINT_AT_OR_UNDER = 0.95
 
 Scorer = Callable[[Sequence[tuple[str, str]]], np.ndarray]
 #: pairs per engine call of :func:`logged`: a progress line each (the engine's results do not depend on the split)
@@ -158,6 +171,45 @@ def hard_evidence_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], 
     return out, counts
 
 
+def hard_faint_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], predict: Scorer, seed: int,
+                    pairs: int, labels: Sequence[str],
+                    bar: float = FAINT_AT_OR_UNDER) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(the ``window/faint`` + ``window/removed`` + ``window/sibling`` rows, counts) for the first ``pairs`` SNLI
+    training contradiction pairs of ``rows`` (premise under 400 characters) in an order shuffled by ``seed``: each
+    pair's premise among 10-130 words of unrelated training-pool sentences (a document window); a pair ``predict``
+    labels contradiction alone whose window it reads at or under ``bar`` P(contradiction) becomes a ``window/faint``
+    row (contradiction), beside a ``window/removed`` row (unrelated sentences of the same length, neutral) and
+    ``window/sibling`` rows (the same window against the premise's other hypotheses, each with its own label).
+    ``predict`` gives the probabilities of (premise, hypothesis) pairs, columns in the order of ``labels``."""
+    rng = random.Random(seed)
+    cands = window_evidence(rows, "contradiction")
+    picked = rng.sample(cands, min(pairs, len(cands)))
+    licensed = [r for r in rows if r["source"] == "snli/train"]
+    siblings = sibling_hypotheses(licensed, picked)
+    windows = [long_document(clean(r["premise"]), " ".join([r["hypothesis"], *(s["hypothesis"] for s in sib)]),
+                             pools["train"], rng.randint(MIN_WORDS, MAX_WORDS), rng)
+               for r, sib in zip(picked, siblings)]
+    column = labels.index("contradiction")
+    alone = np.asarray(predict([(r["premise"], r["hypothesis"]) for r in picked])).argmax(axis=1) == column
+    inside = np.asarray(predict([(w, r["hypothesis"]) for w, r in zip(windows, picked)]))[:, column]
+    out: list[dict[str, Any]] = []
+    faint = sibling_rows = 0
+    for r, sib, window, right_alone, pc in zip(picked, siblings, windows, alone, inside):
+        if not right_alone or pc > bar:
+            continue
+        faint, sibling_rows = faint + 1, sibling_rows + len(sib)
+        filler_words = len(window.split()) - len(clean(r["premise"]).split())
+        removed = long_document(None, r["hypothesis"], pools["train"], max(filler_words, 1), rng)
+        out += [window_row(window, r["hypothesis"], "contradiction", "faint"),
+                window_row(removed, r["hypothesis"], "neutral", "removed")]
+        out += [window_row(window, s["hypothesis"], s["label"], "sibling") for s in sib]
+    right = int(alone.sum())
+    counts = {"pairs": len(picked), "right_alone": right, "faint": faint,
+              "faint_share": round(faint / max(right, 1), 4), "siblings": sibling_rows,
+              "window_p_contradiction_median": round(float(np.median(inside[alone])), 4) if right else None}
+    return out, counts
+
+
 def sibling_hypotheses(rows: list[dict[str, Any]], picked: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """For each picked pair, the rows of ``rows`` with its source and premise and another label: the first of each
     other label in ``rows``' order (at most two, in label order)."""
@@ -212,11 +264,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="directory for train.jsonl and build.json")
     ap.add_argument("--kind", choices=KINDS, default="windows",
                     help="windows: unrelated windows read as entailing a hypothesis (default); contradiction: "
-                         "read as contradicting one; evidence: long premises whose evidence the model loses")
+                         "read as contradicting one; evidence: long premises whose evidence the model loses; faint: "
+                         "windows whose contradicting sentence reads under the contradiction bar")
     ap.add_argument("--per-pair", type=int, default=8,
                     help="--kind windows / contradiction: windows drawn per SNLI pair of that label (default 8)")
     ap.add_argument("--pairs", type=int, default=20000,
-                    help="--kind evidence: licensed pairs placed in a long document (default 20000)")
+                    help="--kind evidence / faint: licensed pairs placed in a long document / SNLI contradiction pairs "
+                         "placed in a window (default 20000)")
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--after", type=Path, default=None,
                     help="an answer_data (or earlier hard_windows) output folder whose train.jsonl rows come first "
@@ -237,6 +291,13 @@ def main(argv: list[str] | None = None) -> int:
                                  args.seed, args.per_pair, label)
         arguments = [*(["--kind", args.kind] if args.kind != "windows" else []), "--per-pair", str(args.per_pair),
                      "--seed", str(args.seed)]
+    elif args.kind == "faint":
+        bar = engine.window_planner.policy.contradiction_threshold
+        rows, counts = hard_faint_rows(licensed, pools, logged(lambda pairs: engine.predict(list(pairs))),
+                                       args.seed, args.pairs, engine.labels,
+                                       FAINT_AT_OR_UNDER if bar is None else bar)
+        counts["bar"] = FAINT_AT_OR_UNDER if bar is None else bar
+        arguments = ["--kind", "faint", "--pairs", str(args.pairs), "--seed", str(args.seed)]
     else:
         rows, counts = hard_evidence_rows(licensed, pools, logged(lambda pairs: engine.predict(list(pairs))),
                                           args.seed, args.pairs, engine.labels)
