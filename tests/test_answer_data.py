@@ -608,3 +608,25 @@ def test_hard_window_rows_follow_an_answer_data_folder_byte_for_byte(tmp_path: P
     with pytest.raises(ValueError, match=r"--after .*answers: no build.json there records its train.jsonl as it is "
                                          r"now; build the folder with tools.default_model.answer_data"):
         preceding_rows(answers)
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
+def test_faint_windows_command_scores_with_the_model_and_its_own_bar(tmp_path: Path) -> None:
+    """``hard_windows --kind faint`` end to end with the embedded model: its manifest's contradiction bar decides,
+    and the build record names the kind, its arguments and the counts of the rows written."""
+    from tools.default_model import hard_windows
+
+    out = tmp_path / "faint"
+    assert hard_windows.main(["--data", str(SHARED_DATA), "--out", str(out), "--kind", "faint", "--pairs", "60",
+                              "--seed", "3"]) == 0
+    record = json.loads((out / "build.json").read_text(encoding="utf-8"))
+    assert (record["tool"], record["kind"]) == (hard_windows.TOOL, "faint")
+    assert record["arguments"] == ["--kind", "faint", "--pairs", "60", "--seed", "3"]
+    counts = record["counts"]
+    assert counts["pairs"] == 60 and counts["bar"] == 0.95 and 0 < counts["faint"] < counts["right_alone"] <= 60
+    rows = [json.loads(line) for line in (out / "train.jsonl").read_text(encoding="utf-8").splitlines()]
+    by_source = {s: [r for r in rows if r["source"] == s] for s in ("window/faint", "window/removed", "window/sibling")}
+    assert len(rows) == sum(len(v) for v in by_source.values()) == 2 * counts["faint"] + counts["siblings"]
+    assert len(by_source["window/faint"]) == len(by_source["window/removed"]) == counts["faint"]
+    assert {r["label"] for r in by_source["window/faint"]} <= {"contradiction"}
+    assert {r["label"] for r in by_source["window/removed"]} <= {"neutral"}

@@ -378,6 +378,24 @@ def test_card_names_a_round_of_contradiction_windows_by_its_own_kind() -> None:
             "sentences (contradiction)") in account
 
 
+def test_card_names_a_round_of_faint_contradictions_by_its_own_kind() -> None:
+    from tools.default_model import hard_windows
+
+    first = {"tool": hard_windows.TOOL, "kind": "contradiction", "arguments": ["--kind", "contradiction"],
+             "model_artifact_hash": "a" * 64, "after": {"arguments": ["--seed", "0"]},
+             "counts": {"hard": 30, "windows": 900}}
+    second = {"tool": hard_windows.TOOL, "kind": "faint", "arguments": ["--kind", "faint", "--pairs", "8000",
+              "--seed", "23"], "model_artifact_hash": "b" * 64, "after": first,
+              "counts": {"faint": 2641, "right_alone": 7427, "siblings": 3499}}
+    account = ship.hard_windows_text({"files": {"/x.jsonl": "e" * 64}, "build_record": second})
+    assert "(30 of 900 windows that artifact `aaaaaaaaaaaaaaaa…` misread)" in account
+    assert ("the `window/faint` rows are contradictions an earlier default model read under its contradiction bar "
+            "in a window (`hard_windows --kind faint`): SNLI training contradictions with their premise among 10-130 "
+            "words of unrelated sentences (2,641 of the 7,427 contradictions that artifact `bbbbbbbbbbbbbbbb…` "
+            "labelled right alone), each with its label beside") in account
+    assert account.count("window/faint") == 1 and "long/hard" not in account
+
+
 def test_card_long_premise_table_gives_each_label_kept_before_and_now() -> None:
     """The card's long-premise rows: each figure before / now, in filler-length order, "n/a" where the replaced
     model's record lacks a figure."""

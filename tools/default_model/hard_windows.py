@@ -292,11 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         arguments = [*(["--kind", args.kind] if args.kind != "windows" else []), "--per-pair", str(args.per_pair),
                      "--seed", str(args.seed)]
     elif args.kind == "faint":
-        bar = engine.window_planner.policy.contradiction_threshold
+        named = engine.window_planner.policy.contradiction_threshold
+        bar = FAINT_AT_OR_UNDER if named is None else named
         rows, counts = hard_faint_rows(licensed, pools, logged(lambda pairs: engine.predict(list(pairs))),
-                                       args.seed, args.pairs, engine.labels,
-                                       FAINT_AT_OR_UNDER if bar is None else bar)
-        counts["bar"] = FAINT_AT_OR_UNDER if bar is None else bar
+                                       args.seed, args.pairs, engine.labels, bar)
+        counts["bar"] = bar
         arguments = ["--kind", "faint", "--pairs", str(args.pairs), "--seed", str(args.seed)]
     else:
         rows, counts = hard_evidence_rows(licensed, pools, logged(lambda pairs: engine.predict(list(pairs))),

@@ -868,6 +868,8 @@ def hard_windows_text(extra: dict[str, Any]) -> str:
     windows, contradiction = misread("windows"), misread("contradiction")
     evidence = [f"{r['counts']['hard']:,} of the {r['counts']['right_alone']:,} pairs that artifact "
                 f"`{r['model_artifact_hash'][:16]}…` labelled right alone" for r in rounds if r.get("kind") == "evidence"]
+    faint = [f"{r['counts']['faint']:,} of the {r['counts']['right_alone']:,} contradictions that artifact "
+             f"`{r['model_artifact_hash'][:16]}…` labelled right alone" for r in rounds if r.get("kind") == "faint"]
     text = ""
     if windows:
         text += ("; the `window` rows are hard negatives (`tools/default_model/hard_windows.py`): windows of unrelated "
@@ -885,6 +887,12 @@ def hard_windows_text(extra: dict[str, Any]) -> str:
                  "words of unrelated sentences (" + ", then ".join(evidence) + "), each with its label beside the "
                  "same length of unrelated sentences without the premise (neutral) and, as `long/sibling` rows, the "
                  "same document against the premise's other hypotheses (their own labels)")
+    if faint:
+        text += ("; the `window/faint` rows are contradictions an earlier default model read under its contradiction "
+                 "bar in a window (`hard_windows --kind faint`): SNLI training contradictions with their premise among "
+                 "10-130 words of unrelated sentences (" + ", then ".join(faint) + "), each with its label beside the "
+                 "same length of unrelated sentences without the premise (neutral) and, as `window/sibling` rows, the "
+                 "same window against the premise's other hypotheses (their own labels)")
     return text
 
 
