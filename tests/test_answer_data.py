@@ -581,6 +581,11 @@ def test_faint_windows_keep_contradictions_read_under_the_bar_beside_their_remov
     assert counts["window_p_contradiction_median"] == pytest.approx(0.9)
     assert hard_faint_rows(rows, pools, predict, seed=5, pairs=50, labels=labels, bar=0.95)[0] == got
     assert hard_faint_rows(rows, pools, predict, seed=5, pairs=50, labels=labels, bar=0.995)[1]["faint"] == 19
+    more, _ = hard_faint_rows(rows, pools, predict, seed=5, pairs=50, labels=labels, bar=0.95, removed=3)
+    assert [r for r in more if r["source"] != "window/removed"] == [r for r in got if r["source"] != "window/removed"]
+    assert sum(r["source"] == "window/removed" for r in more) == 3 * counts["faint"]
+    assert all(r["label"] == "neutral" and "plays a guitar" not in r["premise"] for r in more
+               if r["source"] == "window/removed")
 
 
 def test_hard_window_rows_follow_an_answer_data_folder_byte_for_byte(tmp_path: Path) -> None:

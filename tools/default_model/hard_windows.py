@@ -172,13 +172,13 @@ def hard_evidence_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], 
 
 
 def hard_faint_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], predict: Scorer, seed: int,
-                    pairs: int, labels: Sequence[str],
-                    bar: float = FAINT_AT_OR_UNDER) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                    pairs: int, labels: Sequence[str], bar: float = FAINT_AT_OR_UNDER,
+                    removed: int = 1) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(the ``window/faint`` + ``window/removed`` + ``window/sibling`` rows, counts) for the first ``pairs`` SNLI
     training contradiction pairs of ``rows`` (premise under 400 characters) in an order shuffled by ``seed``: each
     pair's premise among 10-130 words of unrelated training-pool sentences (a document window); a pair ``predict``
     labels contradiction alone whose window it reads at or under ``bar`` P(contradiction) becomes a ``window/faint``
-    row (contradiction), beside a ``window/removed`` row (unrelated sentences of the same length, neutral) and
+    row (contradiction), beside ``removed`` ``window/removed`` rows (unrelated sentences of the same length, neutral) and
     ``window/sibling`` rows (the same window against the premise's other hypotheses, each with its own label).
     ``predict`` gives the probabilities of (premise, hypothesis) pairs, columns in the order of ``labels``."""
     rng = random.Random(seed)
@@ -199,9 +199,9 @@ def hard_faint_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], pre
             continue
         faint, sibling_rows = faint + 1, sibling_rows + len(sib)
         filler_words = len(window.split()) - len(clean(r["premise"]).split())
-        removed = long_document(None, r["hypothesis"], pools["train"], max(filler_words, 1), rng)
-        out += [window_row(window, r["hypothesis"], "contradiction", "faint"),
-                window_row(removed, r["hypothesis"], "neutral", "removed")]
+        out.append(window_row(window, r["hypothesis"], "contradiction", "faint"))
+        out += [window_row(long_document(None, r["hypothesis"], pools["train"], max(filler_words, 1), rng),
+                           r["hypothesis"], "neutral", "removed") for _ in range(removed)]
         out += [window_row(window, s["hypothesis"], s["label"], "sibling") for s in sib]
     right = int(alone.sum())
     counts = {"pairs": len(picked), "right_alone": right, "faint": faint,
@@ -271,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=20000,
                     help="--kind evidence / faint: licensed pairs placed in a long document / SNLI contradiction pairs "
                          "placed in a window (default 20000)")
+    ap.add_argument("--removed", type=int, default=1,
+                    help="--kind faint: windows of unrelated sentences without the premise (neutral) per faint row "
+                         "(default 1)")
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--after", type=Path, default=None,
                     help="an answer_data (or earlier hard_windows) output folder whose train.jsonl rows come first "
@@ -295,9 +298,10 @@ def main(argv: list[str] | None = None) -> int:
         named = engine.window_planner.policy.contradiction_threshold
         bar = FAINT_AT_OR_UNDER if named is None else named
         rows, counts = hard_faint_rows(licensed, pools, logged(lambda pairs: engine.predict(list(pairs))),
-                                       args.seed, args.pairs, engine.labels, bar)
+                                       args.seed, args.pairs, engine.labels, bar, args.removed)
         counts["bar"] = bar
-        arguments = ["--kind", "faint", "--pairs", str(args.pairs), "--seed", str(args.seed)]
+        arguments = ["--kind", "faint", "--pairs", str(args.pairs), "--seed", str(args.seed),
+                     *(["--removed", str(args.removed)] if args.removed != 1 else [])]
     else:
         rows, counts = hard_evidence_rows(licensed, pools, logged(lambda pairs: engine.predict(list(pairs))),
                                           args.seed, args.pairs, engine.labels)
