@@ -184,8 +184,7 @@ def hard_faint_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], pre
     rng = random.Random(seed)
     cands = window_evidence(rows, "contradiction")
     picked = rng.sample(cands, min(pairs, len(cands)))
-    licensed = [r for r in rows if r["source"] == "snli/train"]
-    siblings = sibling_hypotheses(licensed, picked)
+    siblings = sibling_hypotheses(rows, picked)  # keyed by source and premise: the picked pairs' SNLI rows only
     windows = [long_document(clean(r["premise"]), " ".join([r["hypothesis"], *(s["hypothesis"] for s in sib)]),
                              pools["train"], rng.randint(MIN_WORDS, MAX_WORDS), rng)
                for r, sib in zip(picked, siblings)]
