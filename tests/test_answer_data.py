@@ -436,6 +436,28 @@ def test_hard_contradiction_windows_draw_contradiction_pairs_and_keep_them_contr
         assert evidence in kept["premise"] and evidence not in hard["premise"]
 
 
+def test_hard_contradiction_windows_of_any_label_keep_each_premise_with_its_own_label() -> None:
+    """``--kind contradiction --any-label``: the hypotheses of SNLI pairs of every label are drawn; a window read
+    above 0.5 P(contradiction) is a neutral row beside the pair's premise in a window, labelled as the pair is."""
+    from tools.default_model.hard_windows import hard_rows
+
+    labels = ("entailment", "neutral", "contradiction")
+    rows = [{"source": "snli/train", "label": label, "premise": f"A man number {i} plays a guitar.",
+             "hypothesis": f"Someone {i} is {label}."} for i in range(6) for label in labels]
+    seen: list[tuple[str, str]] = []
+    got, counts = hard_rows(rows, WINDOW_POOLS, _long_window_scorer(seen), seed=3, per_pair=3,
+                            label="contradiction", any_label=True)
+    assert counts["pairs"] == 18 and {h for _, h in seen} == {r["hypothesis"] for r in rows}
+    assert {kept["label"] for kept in got[::2]} == set(labels)
+    for kept, hard in zip(got[::2], got[1::2]):
+        pair = next(r for r in rows if r["hypothesis"] == kept["hypothesis"])
+        assert (kept["label"], kept["source"], hard["label"], hard["source"]) == (
+            pair["label"], "window/kept", "neutral", "window/hard")
+        assert pair["premise"] in kept["premise"] and pair["premise"] not in hard["premise"]
+    assert hard_rows(rows, WINDOW_POOLS, _long_window_scorer([]), seed=3, per_pair=3, label="contradiction")[1][
+        "pairs"] == 6
+
+
 def test_hard_windows_score_in_logged_chunks_with_the_rows_of_one_call(caplog: pytest.LogCaptureFixture) -> None:
     from tools.default_model.hard_windows import logged
 

@@ -861,10 +861,11 @@ def window_train_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], s
     return out
 
 
-def window_evidence(rows: list[dict[str, Any]], label: str = "entailment") -> list[dict[str, Any]]:
-    """The pairs whose premise is the evidence of window rows: SNLI training pairs of ``label`` (default
+def window_evidence(rows: list[dict[str, Any]], *labels: str) -> list[dict[str, Any]]:
+    """The pairs whose premise is the evidence of window rows: SNLI training pairs of ``labels`` (default
     entailment), premise under 400 characters, in input order."""
-    return [r for r in rows if r["source"] == "snli/train" and r["label"] == label and len(r["premise"]) < 400]
+    wanted = labels or ("entailment",)
+    return [r for r in rows if r["source"] == "snli/train" and r["label"] in wanted and len(r["premise"]) < 400]
 
 
 def window_row(premise: str, hypothesis: str, label: str, kind: str) -> dict[str, Any]:

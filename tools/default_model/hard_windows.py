@@ -30,7 +30,9 @@ contradiction hypothesis ("A man is sleeping."), and a document read in windows 
 (docs/grounding.md: 20-29% of documents without the evidence read as contradiction at 2,000-4,000 tokens). The same
 draw over SNLI training contradiction pairs keeps the windows the model scores above 0.5 P(contradiction): each a
 ``window/hard`` row (neutral) beside a ``window/kept`` row (contradiction: the pair's premise among unrelated sentences
-of the same length).
+of the same length). With ``--any-label`` the draw covers the SNLI training pairs of every label, each kept row
+with its pair's label: a model trained on faint rows (``--kind faint``) also reads unrelated text as contradicting
+entailed and neutral hypotheses, which a document against such a statement finds among its windows.
 
 ``--kind evidence`` mines the opposite error, evidence lost in a long premise: the first ``--pairs`` licensed
 entailment and contradiction pairs (in an order shuffled by ``--seed``) each get one document of unrelated
@@ -68,6 +70,7 @@ from typing import Any
 
 import numpy as np
 
+from fastnli.engine.labels import CANONICAL_LABELS
 from tools.default_model.answer_data import (
     BUILD_RECORD,
     SENTENCE_SOURCES,
@@ -115,11 +118,13 @@ def logged(score: Scorer, chunk: int = CHUNK_PAIRS) -> Scorer:
 
 
 def hard_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], score: Scorer, seed: int,
-              per_pair: int, label: str = "entailment") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+              per_pair: int, label: str = "entailment", any_label: bool = False,
+              ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(the ``window/kept`` + ``window/hard`` rows, counts) for the licensed ``rows``' SNLI pairs of ``label``
-    (entailment or contradiction); ``score`` gives P(``label``) of (premise, hypothesis) pairs."""
+    (entailment or contradiction; ``any_label``: pairs of every label, each kept row with its pair's label);
+    ``score`` gives P(``label``) of (premise, hypothesis) pairs."""
     rng = random.Random(seed)
-    cands = window_evidence(rows, label)
+    cands = window_evidence(rows, *(CANONICAL_LABELS if any_label else (label,)))
     drawn: list[tuple[str, dict[str, Any], int]] = []
     for r in rng.sample(cands, len(cands)):
         for _ in range(per_pair):
@@ -131,7 +136,8 @@ def hard_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], score: Sc
         if pe <= HARD_ABOVE:
             continue
         kept = long_document(clean(r["premise"]), r["hypothesis"], pools["train"], words, rng)
-        out += [window_row(kept, r["hypothesis"], label, "kept"), window_row(doc, r["hypothesis"], "neutral", "hard")]
+        out += [window_row(kept, r["hypothesis"], r["label"], "kept"),
+                window_row(doc, r["hypothesis"], "neutral", "hard")]
     counts = {"pairs": len(cands), "windows": len(drawn), "hard": len(out) // 2,
               "hard_share": round(float(np.mean(p > HARD_ABOVE)), 4) if len(p) else 0.0}
     return out, counts
@@ -270,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=20000,
                     help="--kind evidence / faint: licensed pairs placed in a long document / SNLI contradiction pairs "
                          "placed in a window (default 20000)")
+    ap.add_argument("--any-label", action="store_true",
+                    help="--kind windows / contradiction: draw the hypotheses of SNLI pairs of every label, not only "
+                         "of the label read (each premise kept in its window with its pair's label)")
     ap.add_argument("--removed", type=int, default=1,
                     help="--kind faint: windows of unrelated sentences without the premise (neutral) per faint row "
                          "(default 1)")
@@ -290,9 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         label = "entailment" if args.kind == "windows" else "contradiction"
         column = engine.labels.index(label)
         rows, counts = hard_rows(licensed, pools, logged(lambda pairs: engine.predict(list(pairs))[:, column]),
-                                 args.seed, args.per_pair, label)
+                                 args.seed, args.per_pair, label, args.any_label)
         arguments = [*(["--kind", args.kind] if args.kind != "windows" else []), "--per-pair", str(args.per_pair),
-                     "--seed", str(args.seed)]
+                     *(["--any-label"] if args.any_label else []), "--seed", str(args.seed)]
     elif args.kind == "faint":
         named = engine.window_planner.policy.contradiction_threshold
         bar = FAINT_AT_OR_UNDER if named is None else named
