@@ -458,6 +458,18 @@ def test_hard_contradiction_windows_of_any_label_keep_each_premise_with_its_own_
         "pairs"] == 6
 
 
+def test_hard_windows_refuse_any_label_for_kinds_that_draw_no_such_windows(capsys: pytest.CaptureFixture[str],
+                                                                           tmp_path: Path) -> None:
+    from tools.default_model import hard_windows
+
+    with pytest.raises(SystemExit) as e:
+        hard_windows.main(["--out", str(tmp_path), "--kind", "faint", "--any-label"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        "error: --any-label draws windows for --kind windows / contradiction, not --kind faint: drop it\n")
+    assert not any(tmp_path.iterdir())
+
+
 def test_hard_windows_score_in_logged_chunks_with_the_rows_of_one_call(caplog: pytest.LogCaptureFixture) -> None:
     from tools.default_model.hard_windows import logged
 

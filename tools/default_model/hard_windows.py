@@ -287,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="an answer_data (or earlier hard_windows) output folder whose train.jsonl rows come first "
                          "in the written file")
     args = ap.parse_args(argv)
+    if args.any_label and args.kind not in ("windows", "contradiction"):
+        ap.error(f"--any-label draws windows for --kind windows / contradiction, not --kind {args.kind}: drop it")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
         after = preceding_rows(args.after) if args.after is not None else None
