@@ -378,6 +378,25 @@ def test_card_names_a_round_of_contradiction_windows_by_its_own_kind() -> None:
             "sentences (contradiction)") in account
 
 
+def test_card_names_a_round_of_contradiction_windows_drawn_for_any_label_apart() -> None:
+    from tools.default_model import hard_windows
+
+    first = {"tool": hard_windows.TOOL, "kind": "contradiction", "arguments": ["--kind", "contradiction"],
+             "model_artifact_hash": "a" * 64, "after": {"arguments": ["--seed", "0"]},
+             "counts": {"hard": 30, "windows": 900}}
+    second = {"tool": hard_windows.TOOL, "kind": "contradiction", "arguments": ["--kind", "contradiction",
+              "--per-pair", "1", "--any-label", "--seed", "26"], "model_artifact_hash": "b" * 64, "after": first,
+              "counts": {"hard": 8, "windows": 33058}}
+    account = ship.hard_windows_text({"files": {"/x.jsonl": "e" * 64}, "build_record": second})
+    assert ("read as contradicting an SNLI contradiction hypothesis (30 of 900 windows that artifact "
+            "`aaaaaaaaaaaaaaaa…` misread), each as a neutral row beside the pair's own premise among unrelated "
+            "sentences (contradiction)") in account
+    assert ("read as contradicting an SNLI hypothesis of any label (`--any-label`) (8 of 33,058 windows that artifact "
+            "`bbbbbbbbbbbbbbbb…` misread), each as a neutral row beside the pair's own premise among unrelated "
+            "sentences (its pair's label)") in account
+    assert account.count("misread") == 2
+
+
 def test_card_names_a_round_of_faint_contradictions_by_its_own_kind() -> None:
     from tools.default_model import hard_windows
 

@@ -861,26 +861,28 @@ def hard_windows_text(extra: dict[str, Any]) -> str:
     stage's generated rows."""
     rounds = hard_window_rounds(stage_rows_record(extra))[0]
 
-    def misread(kind: str) -> list[str]:  # a window round's count, per round of that kind (the first kind is unnamed)
+    def misread(kind: str, any_label: bool) -> list[str]:  # a window round's count, per round of that kind and draw
         return [f"{r['counts']['hard']:,} of {r['counts']['windows']:,} windows that artifact "
-                f"`{r['model_artifact_hash'][:16]}…` misread" for r in rounds if r.get("kind", "windows") == kind]
+                f"`{r['model_artifact_hash'][:16]}…` misread" for r in rounds
+                if r.get("kind", "windows") == kind and ("--any-label" in r.get("arguments", ())) == any_label]
 
-    windows, contradiction = misread("windows"), misread("contradiction")
     evidence = [f"{r['counts']['hard']:,} of the {r['counts']['right_alone']:,} pairs that artifact "
                 f"`{r['model_artifact_hash'][:16]}…` labelled right alone" for r in rounds if r.get("kind") == "evidence"]
     faint = [f"{r['counts']['faint']:,} of the {r['counts']['right_alone']:,} contradictions that artifact "
              f"`{r['model_artifact_hash'][:16]}…` labelled right alone" for r in rounds if r.get("kind") == "faint"]
     text = ""
-    if windows:
-        text += ("; the `window` rows are hard negatives (`tools/default_model/hard_windows.py`): windows of unrelated "
-                 "sentences that an earlier default model read as entailing an SNLI entailment hypothesis ("
-                 + ", then ".join(windows) + "), each as a neutral row beside the pair's own premise among unrelated "
-                 "sentences (entailment)")
-    if contradiction:
-        text += ("; the `window` rows of `hard_windows --kind contradiction` are windows of unrelated sentences that an "
-                 "earlier default model read as contradicting an SNLI contradiction hypothesis ("
-                 + ", then ".join(contradiction) + "), each as a neutral row beside the pair's own premise among "
-                 "unrelated sentences (contradiction)")
+    for kind, opening, reading, label in (
+            ("windows", "the `window` rows are hard negatives (`tools/default_model/hard_windows.py`):", "entailing",
+             "entailment"),
+            ("contradiction", "the `window` rows of `hard_windows --kind contradiction` are", "contradicting",
+             "contradiction")):
+        for any_label in (False, True):
+            if counts := misread(kind, any_label):
+                hypothesis, kept = (("an SNLI hypothesis of any label (`--any-label`)", "its pair's label") if any_label
+                                    else (f"an SNLI {label} hypothesis", label))
+                text += (f"; {opening} windows of unrelated sentences that an earlier default model read as {reading} "
+                         f"{hypothesis} (" + ", then ".join(counts) + "), each as a neutral row beside the pair's own "
+                         f"premise among unrelated sentences ({kept})")
     if evidence:
         text += ("; the `long/hard` rows are evidence an earlier default model lost (`hard_windows --kind evidence`): "
                  "licensed entailment and contradiction pairs it labelled wrong with their premise among 40-330 "
