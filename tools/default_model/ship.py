@@ -857,7 +857,7 @@ def place_text(extra: dict[str, Any]) -> str:
 
 
 def hard_windows_text(extra: dict[str, Any]) -> str:
-    """The model card's account of hard rows (``hard_windows --after``, one or more rounds of either kind) among a
+    """The model card's account of hard rows (``hard_windows --after``, one or more rounds of any kind) among a
     stage's generated rows."""
     rounds = hard_window_rounds(stage_rows_record(extra))[0]
 
@@ -865,6 +865,10 @@ def hard_windows_text(extra: dict[str, Any]) -> str:
         return [f"{r['counts']['hard']:,} of {r['counts']['windows']:,} windows that artifact "
                 f"`{r['model_artifact_hash'][:16]}…` misread" for r in rounds
                 if r.get("kind", "windows") == kind and ("--any-label" in r.get("arguments", ())) == any_label]
+
+    def beside(siblings: str, unit: str) -> str:  # what an evidence or faint row is trained beside
+        return ("), each with its label beside the same length of unrelated sentences without the premise (neutral) "
+                f"and, as `{siblings}` rows, the same {unit} against the premise's other hypotheses (their own labels)")
 
     evidence = [f"{r['counts']['hard']:,} of the {r['counts']['right_alone']:,} pairs that artifact "
                 f"`{r['model_artifact_hash'][:16]}…` labelled right alone" for r in rounds if r.get("kind") == "evidence"]
@@ -886,15 +890,11 @@ def hard_windows_text(extra: dict[str, Any]) -> str:
     if evidence:
         text += ("; the `long/hard` rows are evidence an earlier default model lost (`hard_windows --kind evidence`): "
                  "licensed entailment and contradiction pairs it labelled wrong with their premise among 40-330 "
-                 "words of unrelated sentences (" + ", then ".join(evidence) + "), each with its label beside the "
-                 "same length of unrelated sentences without the premise (neutral) and, as `long/sibling` rows, the "
-                 "same document against the premise's other hypotheses (their own labels)")
+                 "words of unrelated sentences (" + ", then ".join(evidence) + beside("long/sibling", "document"))
     if faint:
         text += ("; the `window/faint` rows are contradictions an earlier default model read under its contradiction "
                  "bar in a window (`hard_windows --kind faint`): SNLI training contradictions with their premise among "
-                 "10-130 words of unrelated sentences (" + ", then ".join(faint) + "), each with its label beside the "
-                 "same length of unrelated sentences without the premise (neutral) and, as `window/sibling` rows, the "
-                 "same window against the premise's other hypotheses (their own labels)")
+                 "10-130 words of unrelated sentences (" + ", then ".join(faint) + beside("window/sibling", "window"))
     return text
 
 
