@@ -93,8 +93,10 @@ HARD_ABOVE = 0.5
 EVIDENCE_MIN_WORDS, EVIDENCE_MAX_WORDS = 40, 330
 #: the ``tool`` of this tool's build records
 TOOL = "tools.default_model.hard_windows"
+#: the kinds that draw unrelated windows against SNLI hypotheses (``--per-pair``, ``--any-label``)
+WINDOW_KINDS = ("windows", "contradiction")
 #: the row kinds this tool mines (``--kind``)
-KINDS = ("windows", "contradiction", "evidence", "faint")
+KINDS = (*WINDOW_KINDS, "evidence", "faint")
 #: ``--kind faint``: a contradiction read alone (argmax) whose window the model reads at or under this P(contradiction)
 #: is faint, where the scoring model's manifest names no contradiction bar of its own
 FAINT_AT_OR_UNDER = 0.95
@@ -287,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="an answer_data (or earlier hard_windows) output folder whose train.jsonl rows come first "
                          "in the written file")
     args = ap.parse_args(argv)
-    if args.any_label and args.kind not in ("windows", "contradiction"):
+    if args.any_label and args.kind not in WINDOW_KINDS:
         ap.error(f"--any-label draws windows for --kind windows / contradiction, not --kind {args.kind}: drop it")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
@@ -297,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = NLIEngine(args.model, device="cpu")
     licensed, _ = licensed_rows(args.data)
     pools = filler_pools(licensed)
-    if args.kind in ("windows", "contradiction"):
+    if args.kind in WINDOW_KINDS:
         label = "entailment" if args.kind == "windows" else "contradiction"
         column = engine.labels.index(label)
         rows, counts = hard_rows(licensed, pools, logged(lambda pairs: engine.predict(list(pairs))[:, column]),
