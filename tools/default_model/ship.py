@@ -861,8 +861,11 @@ def hard_windows_text(extra: dict[str, Any]) -> str:
     stage's generated rows."""
     rounds = hard_window_rounds(stage_rows_record(extra))[0]
 
+    def drawn(r: dict[str, Any]) -> str:  # the filler a round drew its unrelated sentences from, when not mnli
+        return " among public-domain prose" if r.get("filler") else ""
+
     def misread(kind: str, any_label: bool) -> list[str]:  # a window round's count, per round of that kind and draw
-        return [f"{r['counts']['hard']:,} of {r['counts']['windows']:,} windows that artifact "
+        return [f"{r['counts']['hard']:,} of {r['counts']['windows']:,} windows{drawn(r)} that artifact "
                 f"`{r['model_artifact_hash'][:16]}…` misread" for r in rounds
                 if r.get("kind", "windows") == kind and ("--any-label" in r.get("arguments", ())) == any_label]
 
@@ -871,9 +874,11 @@ def hard_windows_text(extra: dict[str, Any]) -> str:
                 f"and, as `{siblings}` rows, the same {unit} against the premise's other hypotheses (their own labels)")
 
     evidence = [f"{r['counts']['hard']:,} of the {r['counts']['right_alone']:,} pairs that artifact "
-                f"`{r['model_artifact_hash'][:16]}…` labelled right alone" for r in rounds if r.get("kind") == "evidence"]
+                f"`{r['model_artifact_hash'][:16]}…` labelled right alone{drawn(r)}" for r in rounds
+                if r.get("kind") == "evidence"]
     faint = [f"{r['counts']['faint']:,} of the {r['counts']['right_alone']:,} contradictions that artifact "
-             f"`{r['model_artifact_hash'][:16]}…` labelled right alone" for r in rounds if r.get("kind") == "faint"]
+             f"`{r['model_artifact_hash'][:16]}…` labelled right alone{drawn(r)}" for r in rounds
+             if r.get("kind") == "faint"]
     text = ""
     for kind, opening, reading, label in (
             ("windows", "the `window` rows are hard negatives (`tools/default_model/hard_windows.py`):", "entailing",
@@ -895,6 +900,12 @@ def hard_windows_text(extra: dict[str, Any]) -> str:
         text += ("; the `window/faint` rows are contradictions an earlier default model read under its contradiction "
                  "bar in a window (`hard_windows --kind faint`): SNLI training contradictions with their premise among "
                  "10-130 words of unrelated sentences (" + ", then ".join(faint) + beside("window/sibling", "window"))
+    sources = {name: source for r in rounds for name, source in r.get("filler", {}).items()}
+    if sources:
+        text += ("; the rounds among public-domain prose (`--filler public-domain`, `tools/default_model/filler_text.py`) "
+                 "draw their unrelated sentences from " + ", ".join(
+                     f"{name} (`{s['url']}`, sha256 `{s['sha256'][:16]}…`, {s['sentences']:,} sentences; {s['licence']})"
+                     for name, s in sources.items()) + " instead of the mnli/dev_matched training pool")
     return text
 
 
