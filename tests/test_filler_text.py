@@ -72,6 +72,37 @@ def test_fetch_uses_the_cached_tarball_and_refuses_one_whose_sha256_is_not_pinne
         fetch(bad, tmp_path)
 
 
+def test_fetch_keeps_a_download_only_when_its_sha256_is_pinned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made = tarball(tmp_path / "made.tgz", {"package/data/a.json": {"text": "The granary stood by the canal."}})
+    served: list[str] = []
+
+    class Response(io.BytesIO):
+        def __enter__(self) -> Response:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.close()
+
+    def urlopen(url: str, timeout: float) -> Response:
+        served.append(url)
+        return Response(made.read_bytes())
+
+    monkeypatch.setattr(filler_text.urllib.request, "urlopen", urlopen)
+    cache = tmp_path / "cache"
+    good = PublicText("test", "https://registry.invalid/pkg/-/text-1.0.tgz", source(made).sha256, "package/data/*.json",
+                      "text", "public domain (test)")
+    changed = PublicText("test", "https://registry.invalid/pkg/-/other-1.0.tgz", "0" * 64, good.members, "text",
+                         good.licence)
+    with pytest.raises(ValueError, match=re.escape(f"https://registry.invalid/pkg/-/other-1.0.tgz: sha256 "
+                                                   f"{good.sha256}, expected {'0' * 64} for test: the package "
+                                                   "changed; pin it again")):
+        fetch(changed, cache)
+    assert not cache.exists()
+    assert fetch(good, cache) == cache / "text-1.0.tgz" and (cache / "text-1.0.tgz").read_bytes() == made.read_bytes()
+    assert fetch(good, cache) == cache / "text-1.0.tgz"
+    assert served == [changed.url, good.url]  # the second fetch of the good package reads the cache
+
+
 def test_balanced_gives_each_part_about_even_odds() -> None:
     big, small = [f"big {i}" for i in range(90)], [f"small {i}" for i in range(10)]
     pool = balanced([big, small])

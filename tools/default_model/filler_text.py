@@ -81,20 +81,25 @@ def split_sentences(text: str) -> list[str]:
 
 
 def fetch(source: PublicText, cache: Path) -> Path:
-    """``source``'s tarball in ``cache`` (downloaded there the first time); raises ``ValueError`` when its sha256 is
-    not the pinned one (a partial download or a changed package: delete the file and run again)."""
+    """``source``'s tarball in ``cache`` (downloaded there the first time, and kept only when its sha256 is the
+    pinned one); raises ``ValueError`` naming the file or URL when the sha256 differs."""
     path = cache / source.url.rsplit("/", 1)[1]
+    if path.exists():
+        data = path.read_bytes()
+    else:
+        logger.info("downloading %s", source.url)
+        with urllib.request.urlopen(source.url, timeout=120) as response:  # noqa: S310 (a pinned https URL)
+            data = response.read()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != source.sha256:
+        where = path if path.exists() else source.url
+        raise ValueError(f"{where}: sha256 {digest}, expected {source.sha256} for {source.name}: "
+                         + ("delete the file and run again" if path.exists() else "the package changed; pin it again"))
     if not path.exists():
         cache.mkdir(parents=True, exist_ok=True)
-        logger.info("downloading %s", source.url)
         part = path.with_suffix(".part")
-        with urllib.request.urlopen(source.url, timeout=120) as response:  # noqa: S310 (a pinned https URL)
-            part.write_bytes(response.read())
+        part.write_bytes(data)
         part.replace(path)
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != source.sha256:
-        raise ValueError(f"{path}: sha256 {digest}, expected {source.sha256} for {source.name}: delete the file and "
-                         "run again")
     return path
 
 
