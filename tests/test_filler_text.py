@@ -136,6 +136,18 @@ def test_the_shipped_sources_are_pinned_public_domain_npm_packages() -> None:
         assert "public domain" in s.licence.lower() or "no copyright" in s.licence
 
 
+def test_hard_windows_refuse_a_filler_cache_without_public_domain_filler(capsys: pytest.CaptureFixture[str],
+                                                                         tmp_path: Path) -> None:
+    from tools.default_model import hard_windows
+
+    with pytest.raises(SystemExit) as e:
+        hard_windows.main(["--out", str(tmp_path / "out"), "--filler-cache", str(tmp_path / "cache")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.endswith("error: --filler-cache keeps the tarballs of --filler public-domain; "
+                                            "--filler mnli reads none: drop it\n")
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/nli-data is not present (set FASTNLI_NLI_DATA)")
 def test_hard_windows_draw_public_domain_filler_and_record_it(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:

@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the unrelated sentences of the windows and documents: mnli, the training filler pool of "
                          "mnli/dev_matched premises (default); public-domain, the far larger prose of "
                          "tools/default_model/filler_text.py (downloaded once into --filler-cache)")
-    ap.add_argument("--filler-cache", type=Path, default=filler_text.DEFAULT_CACHE,
+    ap.add_argument("--filler-cache", type=Path, default=None,
                     help=f"--filler public-domain: where its tarballs are kept (default {filler_text.DEFAULT_CACHE})")
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--after", type=Path, default=None,
@@ -306,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.any_label and args.kind not in WINDOW_KINDS:
         ap.error(f"--any-label draws windows for --kind windows / contradiction, not --kind {args.kind}: drop it")
+    if args.filler_cache is not None and args.filler != "public-domain":
+        ap.error("--filler-cache keeps the tarballs of --filler public-domain; --filler mnli reads none: drop it")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
         after = preceding_rows(args.after) if args.after is not None else None
@@ -316,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     pools = filler_pools(licensed)
     filler: dict[str, Any] | None = None
     if args.filler == "public-domain":
-        pools["train"], filler = filler_text.public_domain_pool(args.filler_cache)
+        pools["train"], filler = filler_text.public_domain_pool(args.filler_cache or filler_text.DEFAULT_CACHE)
     if args.kind in WINDOW_KINDS:
         label = "entailment" if args.kind == "windows" else "contradiction"
         column = engine.labels.index(label)
