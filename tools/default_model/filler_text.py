@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastnli.engine.manifest import sha256_file
+
 logger = logging.getLogger("fastnli.tools")
 
 #: a pool sentence's length in characters, as for the mnli pools (``filler_pools``)
@@ -85,21 +87,22 @@ def fetch(source: PublicText, cache: Path) -> Path:
     pinned one); raises ``ValueError`` naming the file or URL when the sha256 differs."""
     path = cache / source.url.rsplit("/", 1)[1]
     if path.exists():
-        data = path.read_bytes()
-    else:
-        logger.info("downloading %s", source.url)
-        with urllib.request.urlopen(source.url, timeout=120) as response:  # noqa: S310 (a pinned https URL)
-            data = response.read()
+        digest = sha256_file(path)
+        if digest != source.sha256:
+            raise ValueError(f"{path}: sha256 {digest}, expected {source.sha256} for {source.name}: delete the file "
+                             "and run again")
+        return path
+    logger.info("downloading %s", source.url)
+    with urllib.request.urlopen(source.url, timeout=120) as response:  # noqa: S310 (a pinned https URL)
+        data = response.read()
     digest = hashlib.sha256(data).hexdigest()
     if digest != source.sha256:
-        where = path if path.exists() else source.url
-        raise ValueError(f"{where}: sha256 {digest}, expected {source.sha256} for {source.name}: "
-                         + ("delete the file and run again" if path.exists() else "the package changed; pin it again"))
-    if not path.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        part = path.with_suffix(".part")
-        part.write_bytes(data)
-        part.replace(path)
+        raise ValueError(f"{source.url}: sha256 {digest}, expected {source.sha256} for {source.name}: the package "
+                         "changed; pin it again")
+    cache.mkdir(parents=True, exist_ok=True)
+    part = path.with_suffix(".part")
+    part.write_bytes(data)
+    part.replace(path)
     return path
 
 
