@@ -466,7 +466,8 @@ def test_hard_windows_refuse_any_label_for_kinds_that_draw_no_such_windows(capsy
         hard_windows.main(["--out", str(tmp_path), "--kind", "faint", "--any-label"])
     assert e.value.code == 2
     assert capsys.readouterr().err.endswith(
-        "error: --any-label draws windows for --kind windows / contradiction, not --kind faint: drop it\n")
+        "error: --any-label draws pairs of every label for --kind windows / contradiction / evidence, not --kind "
+        "faint (its rows are contradictions read under the bar): drop it\n")
     assert not any(tmp_path.iterdir())
 
 
@@ -557,6 +558,43 @@ def test_hard_evidence_keeps_pairs_right_alone_and_wrong_in_a_document() -> None
     assert any(AWAITED in p for p, h in seen[22:] if h.startswith("Someone 1 "))  # it is filler elsewhere
     assert hard_evidence_rows(rows, pools, predict, seed=5, pairs=50, labels=labels)[0] == got
     assert hard_evidence_rows(rows, pools, predict, seed=5, pairs=4, labels=labels)[1]["pairs"] == 4
+
+
+def test_hard_evidence_of_any_label_mines_neutral_pairs_read_otherwise_in_a_document() -> None:
+    """``--kind evidence --any-label``: licensed neutral pairs are placed too; one the model labels neutral alone and
+    contradiction inside its document becomes a neutral ``long/hard`` row, with its siblings; the counts split the
+    hard rows by label."""
+    from tools.default_model.hard_windows import hard_evidence_rows
+
+    labels = ("contradiction", "neutral", "entailment")
+    rows = [{"source": "snli/train", "label": ("entailment", "contradiction", "neutral")[i % 3],
+             "premise": f"A woman number {i} rides a bike.", "hypothesis": f"Someone {i} is out."} for i in range(30)]
+    rows += [{"source": "snli/train", "label": "entailment", "premise": "A woman number 2 rides a bike.",
+              "hypothesis": "Sibling 2 waits."}]
+    pools = {"train": [f"The committee met on day {i} of the session." for i in range(40)], "eval": []}
+    gold_of = {r["hypothesis"]: labels.index(r["label"]) for r in rows}
+
+    def predict(pairs: Any) -> np.ndarray:
+        """Gold alone; contradiction in a document over 100 words."""
+        return np.array([np.eye(3)[0 if len(p.split()) > 100 else gold_of[h]] for p, h in pairs])
+
+    got, counts = hard_evidence_rows(rows, pools, predict, seed=7, pairs=100, labels=labels, any_label=True)
+    assert counts["pairs"] == 31 and counts["right_alone"] == 31
+    hard = [r for r in got if r["source"] == "long/hard"]
+    assert counts["hard"] == len(hard) and counts["hard_by_label"] == {
+        label: sum(r["label"] == label for r in hard) for label in labels}
+    assert counts["hard_by_label"]["contradiction"] == 0 < counts["hard_by_label"]["neutral"]
+    assert counts["hard_by_label"]["entailment"] > 0
+    for kept in (r for r in hard if r["label"] == "neutral"):
+        pair = next(r for r in rows if r["hypothesis"] == kept["hypothesis"])
+        assert pair["label"] == "neutral" and pair["premise"] in kept["premise"] and len(kept["premise"].split()) > 100
+    sibling = [r for r in got if r["source"] == "long/sibling"]
+    # pair 2 (neutral) is lost in its document (the seed draws it over 100 words) beside its entailed sibling
+    assert any(r["hypothesis"] == "Someone 2 is out." for r in hard)
+    assert ("Sibling 2 waits.", "entailment") in [(r["hypothesis"], r["label"]) for r in sibling]
+    without = hard_evidence_rows(rows, pools, predict, seed=7, pairs=100, labels=labels)
+    assert without[1]["pairs"] == 21 and "hard_by_label" not in without[1]
+    assert all(r["label"] != "neutral" for r in without[0] if r["source"] == "long/hard")
 
 
 def test_faint_windows_keep_contradictions_read_under_the_bar_beside_their_removed_and_siblings() -> None:

@@ -354,6 +354,15 @@ def test_rebuild_of_hard_window_rows_restores_the_model_that_scored_them() -> No
     assert (f"(40 of the 700 pairs that artifact `{shipped[:16]}…` labelled right alone), each with its label beside "
             "the same length of unrelated sentences without the premise (neutral) and, as `long/sibling` rows, the same "
             "document against the premise's other hypotheses (their own labels)") in account
+    # a round of every label after it: named as such, the first round's count as it was
+    fourth = {**third, "arguments": ["--kind", "evidence", "--pairs", "600", "--any-label", "--seed", "31"],
+              "after": third, "counts": {"hard": 90, "right_alone": 500}}
+    stage["data"]["extra_train"]["build_record"] = fourth
+    assert ("--out /tmp/answers-1 --kind evidence --pairs 600 --any-label --seed 31`, then `python -m "
+            "tools.default_model.train") in ship.rebuild_text(stage)
+    assert (f"(40 of the 700 pairs that artifact `{shipped[:16]}…` labelled right alone, then 90 of the 500 pairs of "
+            f"every label (`--any-label`) that artifact `{shipped[:16]}…` labelled right alone)") in (
+        ship.hard_windows_text(stage["data"]["extra_train"]))
     stage["data"]["extra_train"]["build_record"] = second
     record["model_artifact_hash"] = "0" * 64  # a round no commit shipped: the chain cannot be rebuilt
     assert "the rows of sha256 `" + "e" * 64 + "` (hard windows scored by artifact `0000000000000000…`" in (

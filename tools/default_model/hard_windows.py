@@ -35,15 +35,17 @@ with its pair's label: a model trained on faint rows (``--kind faint``) also rea
 entailed and neutral hypotheses, which a document against such a statement finds among its windows.
 
 ``--kind evidence`` mines the opposite error, evidence lost in a long premise: the first ``--pairs`` licensed
-entailment and contradiction pairs (in an order shuffled by ``--seed``) each get one document of unrelated
-training-pool sentences (40-330 words, up to the 512-token window) with the pair's premise at a random depth. A pair
-the model labels right alone but wrong inside its document becomes a ``long/hard`` row (the pair's label) beside a
-``long/removed`` row, unrelated sentences of the same length without the premise (neutral), so that the evidence,
-not the length, decides; and ``long/sibling`` rows, the same document against the premise's other hypotheses of the
-source (at most one per other label, each with its own label), so that the hypothesis, not a related sentence in the
-document, decides. Without the siblings a model trained on the rows learns that a document holding a sentence on the
+entailment and contradiction pairs (``--any-label``: of every label; in an order shuffled by ``--seed``) each get one
+document of unrelated training-pool sentences (40-330 words, up to the 512-token window) with the pair's premise at a
+random depth. A pair the model labels right alone but wrong inside its document becomes a ``long/hard`` row (the
+pair's label) beside a ``long/removed`` row, unrelated sentences of the same length without the premise (neutral), so
+that the evidence, not the length, decides; and ``long/sibling`` rows, the same document against the premise's other
+hypotheses of the source (at most one per other label, each with its own label), so that the hypothesis, not a
+related sentence in the document, decides. Without the siblings a model trained on the rows learns that a document holding a sentence on the
 hypothesis's topic is not neutral: on the mission dev part, the neutral pairs among 330 words of unrelated text kept
-their label 13% of the time (the starting model: 73%).
+their label 13% of the time (the starting model: 73%). A model trained on these rows beside the window rows
+loses the other way, reading 14-25% of those neutral pairs as contradiction (the starting model: 11-16%); a round
+drawn with ``--any-label`` mines such neutral pairs as well.
 
 ``--kind faint`` mines what the contradiction bar misses: a document read in windows reads as contradiction only
 when a window's P(contradiction) is above the model's bar (its manifest's ``contradiction_threshold``), and a
@@ -155,13 +157,14 @@ def hard_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], score: Sc
 
 
 def hard_evidence_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], predict: Scorer, seed: int,
-                       pairs: int, labels: Sequence[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                       pairs: int, labels: Sequence[str],
+                       any_label: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(the ``long/hard`` + ``long/removed`` + ``long/sibling`` rows, counts) for the first ``pairs`` licensed
-    entailment and contradiction pairs of ``rows`` in an order shuffled by ``seed``; ``predict`` gives the
-    probabilities of (premise, hypothesis) pairs, columns in the order of ``labels``."""
+    entailment and contradiction pairs (``any_label``: pairs of every label) of ``rows`` in an order shuffled by
+    ``seed``; ``predict`` gives the probabilities of (premise, hypothesis) pairs, columns in the order of ``labels``."""
     rng = random.Random(seed)
     licensed = [r for r in rows if r["source"].startswith(SENTENCE_SOURCES) and len(r["premise"]) < 400]
-    cands = [r for r in licensed if r["label"] in ("entailment", "contradiction")]
+    cands = [r for r in licensed if any_label or r["label"] in ("entailment", "contradiction")]
     picked = rng.sample(cands, min(pairs, len(cands)))
     siblings = sibling_hypotheses(licensed, picked)
     # the filler avoids the siblings' content words too: the document must not bear on them either
@@ -184,7 +187,9 @@ def hard_evidence_rows(rows: list[dict[str, Any]], pools: dict[str, list[str]], 
         out += [long_row(doc, s["hypothesis"], s["label"], "sibling") for s in sib]
     counts = {"pairs": len(picked), "right_alone": int(alone.sum()), "hard": hard,
               "hard_share": round(hard / max(int(alone.sum()), 1), 4),
-              "siblings": sibling_rows}
+              "siblings": sibling_rows,
+              **({"hard_by_label": {label: sum(r["source"] == "long/hard" and r["label"] == label for r in out)
+                                    for label in CANONICAL_LABELS}} if any_label else {})}
     return out, counts
 
 
@@ -289,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                          "placed in a window (default 20000)")
     ap.add_argument("--any-label", action="store_true",
                     help="--kind windows / contradiction: draw the hypotheses of SNLI pairs of every label, not only "
-                         "of the label read (each premise kept in its window with its pair's label)")
+                         "of the label read (each premise kept in its window with its pair's label); --kind "
+                         "evidence: place licensed pairs of every label, neutral ones included")
     ap.add_argument("--removed", type=int, default=1,
                     help="--kind faint: windows of unrelated sentences without the premise (neutral) per faint row "
                          "(default 1)")
@@ -304,8 +310,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="an answer_data (or earlier hard_windows) output folder whose train.jsonl rows come first "
                          "in the written file")
     args = ap.parse_args(argv)
-    if args.any_label and args.kind not in WINDOW_KINDS:
-        ap.error(f"--any-label draws windows for --kind windows / contradiction, not --kind {args.kind}: drop it")
+    if args.any_label and args.kind == "faint":
+        ap.error("--any-label draws pairs of every label for --kind windows / contradiction / evidence, not --kind "
+                 "faint (its rows are contradictions read under the bar): drop it")
     if args.filler_cache is not None and args.filler != "public-domain":
         ap.error("--filler-cache keeps the tarballs of --filler public-domain; --filler mnli reads none: drop it")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -336,8 +343,9 @@ def main(argv: list[str] | None = None) -> int:
                      *(["--removed", str(args.removed)] if args.removed != 1 else [])]
     else:
         rows, counts = hard_evidence_rows(licensed, pools, logged(lambda pairs: engine.predict(list(pairs))),
-                                          args.seed, args.pairs, engine.labels)
-        arguments = ["--kind", "evidence", "--pairs", str(args.pairs), "--seed", str(args.seed)]
+                                          args.seed, args.pairs, engine.labels, args.any_label)
+        arguments = ["--kind", "evidence", "--pairs", str(args.pairs), *(["--any-label"] if args.any_label else []),
+                     "--seed", str(args.seed)]
     if filler is not None:
         arguments += ["--filler", args.filler]
     record = {"tool": TOOL, "kind": args.kind, "arguments": arguments,

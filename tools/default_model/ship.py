@@ -873,8 +873,9 @@ def hard_windows_text(extra: dict[str, Any]) -> str:
         return ("), each with its label beside the same length of unrelated sentences without the premise (neutral) "
                 f"and, as `{siblings}` rows, the same {unit} against the premise's other hypotheses (their own labels)")
 
-    evidence = [f"{r['counts']['hard']:,} of the {r['counts']['right_alone']:,} pairs that artifact "
-                f"`{r['model_artifact_hash'][:16]}…` labelled right alone{drawn(r)}" for r in rounds
+    evidence = [f"{r['counts']['hard']:,} of the {r['counts']['right_alone']:,} pairs"
+                f"{' of every label (`--any-label`)' if '--any-label' in r.get('arguments', ()) else ''} that "
+                f"artifact `{r['model_artifact_hash'][:16]}…` labelled right alone{drawn(r)}" for r in rounds
                 if r.get("kind") == "evidence"]
     faint = [f"{r['counts']['faint']:,} of the {r['counts']['right_alone']:,} contradictions that artifact "
              f"`{r['model_artifact_hash'][:16]}…` labelled right alone{drawn(r)}" for r in rounds
@@ -894,8 +895,8 @@ def hard_windows_text(extra: dict[str, Any]) -> str:
                          f"premise among unrelated sentences ({kept})")
     if evidence:
         text += ("; the `long/hard` rows are evidence an earlier default model lost (`hard_windows --kind evidence`): "
-                 "licensed entailment and contradiction pairs it labelled wrong with their premise among 40-330 "
-                 "words of unrelated sentences (" + ", then ".join(evidence) + beside("long/sibling", "document"))
+                 "licensed entailment and contradiction pairs (every label where named) it labelled wrong with "
+                 "their premise among 40-330 words of unrelated sentences (" + ", then ".join(evidence) + beside("long/sibling", "document"))
     if faint:
         text += ("; the `window/faint` rows are contradictions an earlier default model read under its contradiction "
                  "bar in a window (`hard_windows --kind faint`): SNLI training contradictions with their premise among "
