@@ -34,18 +34,18 @@ of the same length). With ``--any-label`` the draw covers the SNLI training pair
 with its pair's label: a model trained on faint rows (``--kind faint``) also reads unrelated text as contradicting
 entailed and neutral hypotheses, which a document against such a statement finds among its windows.
 
-``--kind evidence`` mines the opposite error, evidence lost in a long premise: the first ``--pairs`` licensed
-entailment and contradiction pairs (``--any-label``: of every label; in an order shuffled by ``--seed``) each get one
-document of unrelated training-pool sentences (40-330 words, up to the 512-token window) with the pair's premise at a
-random depth. A pair the model labels right alone but wrong inside its document becomes a ``long/hard`` row (the
-pair's label) beside a ``long/removed`` row, unrelated sentences of the same length without the premise (neutral), so
-that the evidence, not the length, decides; and ``long/sibling`` rows, the same document against the premise's other
-hypotheses of the source (at most one per other label, each with its own label), so that the hypothesis, not a
-related sentence in the document, decides. Without the siblings a model trained on the rows learns that a document holding a sentence on the
-hypothesis's topic is not neutral: on the mission dev part, the neutral pairs among 330 words of unrelated text kept
-their label 13% of the time (the starting model: 73%). A model trained on these rows beside the window rows
-loses the other way, reading 14-25% of those neutral pairs as contradiction (the starting model: 11-16%); a round
-drawn with ``--any-label`` mines such neutral pairs as well.
+``--kind evidence`` mines the opposite error, evidence lost in a long premise: the first ``--pairs`` licensed entailment
+and contradiction pairs (``--any-label``: of every label; in an order shuffled by ``--seed``) each get one document of
+unrelated training-pool sentences (40-330 words, up to the 512-token window) with the pair's premise at a random depth.
+A pair the model labels right alone but wrong inside its document becomes a ``long/hard`` row (the pair's label) beside
+a ``long/removed`` row, unrelated sentences of the same length without the premise (neutral), so that the evidence, not
+the length, decides; and ``long/sibling`` rows, the same document against the premise's other hypotheses of the source
+(at most one per other label, each with its own label), so that the hypothesis, not a related sentence in the document,
+decides. Without the siblings a model trained on the rows learns that a document holding a sentence on the hypothesis's
+topic is not neutral: on the mission dev part, the neutral pairs among 330 words of unrelated text kept their label 13%
+of the time (the starting model: 73%). A model trained on these rows beside the window rows loses the other way, reading
+14-25% of those neutral pairs as contradiction (the starting model: 11-16%); a round drawn with ``--any-label`` mines
+such neutral pairs as well (trained on, they do not bring the share back: docs/default-model.md, k21).
 
 ``--kind faint`` mines what the contradiction bar misses: a document read in windows reads as contradiction only
 when a window's P(contradiction) is above the model's bar (its manifest's ``contradiction_threshold``), and a
