@@ -102,7 +102,7 @@ HARD_ABOVE = 0.5
 EVIDENCE_MIN_WORDS, EVIDENCE_MAX_WORDS = 40, 330
 #: the ``tool`` of this tool's build records
 TOOL = "tools.default_model.hard_windows"
-#: the kinds that draw unrelated windows against SNLI hypotheses (``--per-pair``, ``--any-label``)
+#: the kinds that draw unrelated windows against SNLI hypotheses (``--per-pair``)
 WINDOW_KINDS = ("windows", "contradiction")
 #: the row kinds this tool mines (``--kind``)
 KINDS = (*WINDOW_KINDS, "evidence", "faint")

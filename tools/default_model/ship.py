@@ -864,17 +864,20 @@ def hard_windows_text(extra: dict[str, Any]) -> str:
     def drawn(r: dict[str, Any]) -> str:  # the filler a round drew its unrelated sentences from, when not mnli
         return " among public-domain prose" if r.get("filler") else ""
 
+    def every_label(r: dict[str, Any]) -> bool:  # a round drawn over every label (``--any-label``)
+        return "--any-label" in r.get("arguments", ())
+
     def misread(kind: str, any_label: bool) -> list[str]:  # a window round's count, per round of that kind and draw
         return [f"{r['counts']['hard']:,} of {r['counts']['windows']:,} windows{drawn(r)} that artifact "
                 f"`{r['model_artifact_hash'][:16]}…` misread" for r in rounds
-                if r.get("kind", "windows") == kind and ("--any-label" in r.get("arguments", ())) == any_label]
+                if r.get("kind", "windows") == kind and every_label(r) == any_label]
 
     def beside(siblings: str, unit: str) -> str:  # what an evidence or faint row is trained beside
         return ("), each with its label beside the same length of unrelated sentences without the premise (neutral) "
                 f"and, as `{siblings}` rows, the same {unit} against the premise's other hypotheses (their own labels)")
 
     evidence = [f"{r['counts']['hard']:,} of the {r['counts']['right_alone']:,} pairs"
-                f"{' of every label (`--any-label`)' if '--any-label' in r.get('arguments', ()) else ''} that "
+                f"{' of every label (`--any-label`)' if every_label(r) else ''} that "
                 f"artifact `{r['model_artifact_hash'][:16]}…` labelled right alone{drawn(r)}" for r in rounds
                 if r.get("kind") == "evidence"]
     faint = [f"{r['counts']['faint']:,} of the {r['counts']['right_alone']:,} contradictions that artifact "
@@ -896,7 +899,8 @@ def hard_windows_text(extra: dict[str, Any]) -> str:
     if evidence:
         text += ("; the `long/hard` rows are evidence an earlier default model lost (`hard_windows --kind evidence`): "
                  "licensed entailment and contradiction pairs (every label where named) it labelled wrong with "
-                 "their premise among 40-330 words of unrelated sentences (" + ", then ".join(evidence) + beside("long/sibling", "document"))
+                 "their premise among 40-330 words of unrelated sentences (" + ", then ".join(evidence)
+                 + beside("long/sibling", "document"))
     if faint:
         text += ("; the `window/faint` rows are contradictions an earlier default model read under its contradiction "
                  "bar in a window (`hard_windows --kind faint`): SNLI training contradictions with their premise among "
